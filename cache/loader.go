@@ -1,0 +1,279 @@
+// loader.go is the Cache and its read-through path, GetOrLoad: merge, read,
+// read-or-lock, wait, load, fenced commit.
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+)
+
+var (
+	//go:embed scripts/read_or_lock.lua
+	readOrLockLua    string
+	readOrLockScript = redis.NewScript(readOrLockLua)
+
+	//go:embed scripts/commit.lua
+	commitLua    string
+	commitScript = redis.NewScript(commitLua)
+)
+
+// Cache is a Redis read-through cache of values of type V that loads each
+// missing key once across all the processes that share the Redis. It is safe
+// for concurrent use; create one per value type and reuse it.
+type Cache[V any] struct {
+	rdb   redis.UniversalClient
+	cfg   config
+	group singleflight.Group // merges this process's callers of one key
+}
+
+// New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient
+// or failover client. Invalid options panic, naming the option: they are
+// programming errors, found at start-up.
+func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
+	if rdb == nil {
+		panic("cache: New: nil Redis client")
+	}
+	return &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
+}
+
+// result is what one flight hands to all of its callers.
+type result[V any] struct {
+	v        V           // decoded or loaded value; given to the first caller
+	data     []byte      // the codec's bytes; decoded again for every other caller
+	notFound bool        // the source said the value does not exist
+	taken    atomic.Bool // whether v has been handed out
+}
+
+// GetOrLoad returns the value at key. On a miss it takes the key's load lock,
+// calls load, stores the value for the TTL and returns it; callers in other
+// processes wait for that value instead of calling load themselves.
+//
+// Callers of the same key in this process are merged into one flight (one
+// Redis read, at most one load); the first caller's load function and context
+// values are used for it. The flight runs on a context detached from the
+// callers' cancellation and bounded by [WithLoadTimeout]; load receives that
+// context. Each caller stops waiting when its own ctx ends and returns
+// ctx.Err(), without disturbing the flight.
+//
+// Every caller gets its own decoded copy of the value. Errors: [ErrEmptyKey],
+// [ErrNilLoader]; [ErrNotFound] when load (now or within the not-found TTL)
+// returned it; load's own error unchanged (a panic in load becomes an error);
+// [ErrLockNotAcquired] when the retry budget ran out while another process
+// was loading; a Redis error only under [FailClosed]; an encoding error when
+// the codec cannot encode the loaded value (nothing is cached).
+func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error)) (V, error) {
+	var zero V
+	if key == "" {
+		return zero, ErrEmptyKey
+	}
+	if load == nil {
+		return zero, ErrNilLoader
+	}
+	key = c.cfg.prefix + key
+	ch := c.group.DoChan(key, func() (any, error) {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
+		defer cancel()
+		return c.fetch(fctx, key, load)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return zero, r.Err
+		}
+		return c.value(r.Val.(*result[V]))
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+// value hands a flight's result to one caller.
+func (c *Cache[V]) value(r *result[V]) (V, error) {
+	var v V
+	if r.notFound {
+		return v, ErrNotFound
+	}
+	if !r.taken.Swap(true) {
+		return r.v, nil
+	}
+	if err := c.cfg.codec.Unmarshal(r.data, &v); err != nil {
+		return v, fmt.Errorf("cache: decode value: %w", err)
+	}
+	return v, nil
+}
+
+// Delete removes the values at keys and their load locks. A load in flight
+// for one of them when Delete runs finds its lock gone and writes nothing, so
+// the next read loads fresh data. Keys may be in different cluster slots.
+func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
+	for _, k := range keys {
+		if k == "" {
+			return ErrEmptyKey
+		}
+	}
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			k = c.cfg.prefix + k
+			p.Del(ctx, k, lockKey(k))
+		}
+		return nil
+	})
+	for _, k := range keys {
+		c.group.Forget(c.cfg.prefix + k) // later callers must not join a flight that began before the delete
+	}
+	return err
+}
+
+// fetch is one flight: read, then read-or-lock until a value or the lock.
+func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error)) (*result[V], error) {
+	b, err := c.rdb.Get(ctx, key).Bytes()
+	var skip []byte // bytes at key we could not decode: a miss, to be replaced
+	switch {
+	case err == nil:
+		if r := c.decode(b); r != nil {
+			return r, nil
+		}
+		skip = b
+	case errors.Is(err, redis.Nil), isWrongType(err):
+	default:
+		return c.redisFailed(ctx, err, load)
+	}
+
+	lk := &Lock{rdb: c.rdb, key: lockKey(key), token: newToken()}
+	for attempt := 1; ; attempt++ {
+		res, err := readOrLockScript.Run(ctx, c.rdb, []string{key, lk.key},
+			lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
+		if err != nil {
+			return c.redisFailed(ctx, err, load)
+		}
+		if res[0].(int64) == 1 {
+			b := []byte(res[1].(string))
+			if r := c.decode(b); r != nil {
+				return r, nil
+			}
+			skip = b
+		} else if res[1].(int64) == 1 {
+			return c.load(ctx, key, lk, load)
+		}
+		if !c.cfg.retry.wait(ctx, attempt) {
+			return nil, notAcquired(ctx)
+		}
+	}
+}
+
+// decode reads a record; nil means it is not one this version can read.
+func (c *Cache[V]) decode(b []byte) *result[V] {
+	flags, payload, err := decodeRecord(b)
+	if err != nil {
+		return nil
+	}
+	r := &result[V]{notFound: flags&flagNotFound != 0, data: payload}
+	if !r.notFound && c.cfg.codec.Unmarshal(payload, &r.v) != nil {
+		return nil
+	}
+	return r
+}
+
+// load runs the loader as the lock holder, with the watchdog extending the
+// lease, and commits the outcome.
+func (c *Cache[V]) load(ctx context.Context, key string, lk *Lock, load func(context.Context) (V, error)) (*result[V], error) {
+	stop := c.watchdog(ctx, lk)
+	v, err := callLoader(ctx, load)
+	stop()
+
+	// Commit and release even when the flight's deadline has passed: an
+	// abandoned lock would block every process for a whole lease.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
+	defer cancel()
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if c.cfg.notFoundTTL == 0 {
+			_ = lk.Release(cctx)
+		} else {
+			c.commit(cctx, key, lk, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
+		}
+		return &result[V]{notFound: true}, nil
+	case err != nil:
+		_ = lk.Release(cctx) // lost or unreachable: the lease runs out by itself
+		return nil, err
+	}
+	data, err := c.cfg.codec.Marshal(v)
+	if err != nil {
+		_ = lk.Release(cctx)
+		return nil, fmt.Errorf("cache: encode value for %q: %w", key, err)
+	}
+	c.commit(cctx, key, lk, encodeRecord(0, data), c.jittered(c.cfg.ttl))
+	return &result[V]{v: v, data: data}, nil
+}
+
+// commit writes record if the lock is still ours. The loaded value is
+// returned to the callers either way: it is what the source said, only a
+// newer writer (or a Delete) keeps it out of Redis.
+func (c *Cache[V]) commit(ctx context.Context, key string, lk *Lock, record []byte, ttl time.Duration) {
+	_ = commitScript.Run(ctx, c.rdb, []string{key, lk.key}, lk.token, record, ttl.Milliseconds()).Err()
+}
+
+// watchdog extends lk every lockTTL/3 until the returned stop is called or
+// the lock turns out to be lost. stop waits for the goroutine to end.
+func (c *Cache[V]) watchdog(ctx context.Context, lk *Lock) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(c.cfg.lockTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if errors.Is(lk.Refresh(ctx, c.cfg.lockTTL), ErrLockNotHeld) {
+					return
+				}
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// redisFailed applies the failure policy to a Redis error.
+func (c *Cache[V]) redisFailed(ctx context.Context, err error, load func(context.Context) (V, error)) (*result[V], error) {
+	if ctx.Err() != nil || c.cfg.policy == FailClosed {
+		return nil, fmt.Errorf("cache: redis: %w", err)
+	}
+	v, err := callLoader(ctx, load)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return &result[V]{notFound: true}, nil
+	case err != nil:
+		return nil, err
+	}
+	data, err := c.cfg.codec.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("cache: encode value: %w", err)
+	}
+	return &result[V]{v: v, data: data}, nil
+}
+
+// jittered spreads d by the configured fraction, to at least 1ms.
+func (c *Cache[V]) jittered(d time.Duration) time.Duration {
+	if c.cfg.jitter == 0 {
+		return d
+	}
+	f := 1 + c.cfg.jitter*(2*rand.Float64()-1)
+	return max(time.Duration(float64(d)*f), time.Millisecond)
+}
+
+func isWrongType(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
+}

@@ -1,0 +1,158 @@
+// options.go holds the functional options of [New] and [Obtain], their
+// defaults and their validation.
+package cache
+
+import (
+	"fmt"
+	"time"
+)
+
+// Defaults. Each is repeated, with its reason, on the option that changes it.
+const (
+	DefaultTTL         = time.Hour
+	DefaultNotFoundTTL = time.Minute
+	DefaultLockTTL     = 5 * time.Second
+	DefaultMaxRetries  = 60
+	DefaultBackoff     = 100 * time.Millisecond
+	DefaultJitter      = 0.1
+	DefaultLoadTimeout = 30 * time.Second
+)
+
+// FailurePolicy says what [Cache.GetOrLoad] does when Redis cannot be reached
+// or a Redis call fails.
+type FailurePolicy int
+
+const (
+	// FailOpen calls the loader without the cross-process lock and returns its
+	// value uncached. In-process callers of one key are still merged, so the
+	// database sees at most one load per key per process at a time. This is
+	// the default: a cache outage slows the service down instead of taking it
+	// down.
+	FailOpen FailurePolicy = iota
+	// FailClosed returns the Redis error and never calls the loader without
+	// the lock: for sources that must never see more than one load at a time.
+	FailClosed
+)
+
+// Option configures a [Cache] (see [New]) or a [Lock] (see [Obtain]).
+type Option func(*config)
+
+type config struct {
+	prefix      string
+	ttl         time.Duration
+	notFoundTTL time.Duration
+	lockTTL     time.Duration
+	retry       retryPolicy
+	jitter      float64
+	loadTimeout time.Duration
+	codec       Codec
+	policy      FailurePolicy
+}
+
+func newConfig(opts []Option) config {
+	c := config{
+		ttl:         DefaultTTL,
+		notFoundTTL: DefaultNotFoundTTL,
+		lockTTL:     DefaultLockTTL,
+		retry:       retryPolicy{max: DefaultMaxRetries, backoff: DefaultBackoff},
+		jitter:      DefaultJitter,
+		loadTimeout: DefaultLoadTimeout,
+		codec:       JSON,
+		policy:      FailOpen,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := c.validate(); err != nil {
+		panic(err)
+	}
+	return c
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.ttl <= 0:
+		return fmt.Errorf("cache: WithTTL(%v): TTL must be positive", c.ttl)
+	case c.ttl < time.Millisecond:
+		return fmt.Errorf("cache: WithTTL(%v): Redis expiries have millisecond resolution", c.ttl)
+	case c.notFoundTTL < 0:
+		return fmt.Errorf("cache: WithNotFoundTTL(%v): TTL must not be negative", c.notFoundTTL)
+	case c.notFoundTTL > 0 && c.notFoundTTL < time.Millisecond:
+		return fmt.Errorf("cache: WithNotFoundTTL(%v): Redis expiries have millisecond resolution", c.notFoundTTL)
+	case c.lockTTL < 3*time.Millisecond:
+		return fmt.Errorf("cache: WithLockTTL(%v): lock TTL must be at least 3ms (the watchdog refreshes every TTL/3)", c.lockTTL)
+	case c.retry.max < 0:
+		return fmt.Errorf("cache: WithRetry(%d, %v): maxRetries must not be negative", c.retry.max, c.retry.backoff)
+	case c.retry.max > 0 && c.retry.backoff <= 0:
+		return fmt.Errorf("cache: WithRetry(%d, %v): backoff must be positive when retrying", c.retry.max, c.retry.backoff)
+	case c.jitter < 0 || c.jitter >= 1:
+		return fmt.Errorf("cache: WithJitter(%v): fraction must be in [0, 1)", c.jitter)
+	case c.loadTimeout <= 0:
+		return fmt.Errorf("cache: WithLoadTimeout(%v): timeout must be positive", c.loadTimeout)
+	case c.codec == nil:
+		return fmt.Errorf("cache: WithCodec(nil): codec must not be nil")
+	case c.policy != FailOpen && c.policy != FailClosed:
+		return fmt.Errorf("cache: WithFailurePolicy(%d): unknown policy", c.policy)
+	}
+	return nil
+}
+
+// WithTTL sets how long a loaded value stays in Redis, before jitter (see
+// [WithJitter]). Default: 1h ([DefaultTTL]). It must be at least 1ms; [New]
+// panics otherwise.
+func WithTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+
+// WithNotFoundTTL sets how long an [ErrNotFound] from the loader is cached, so
+// that lookups of absent keys do not reach the database on every call.
+// Default: 1m ([DefaultNotFoundTTL]). Zero turns negative caching off: every
+// lookup of an absent key then costs a (merged, locked) load. Negative values
+// make [New] panic.
+func WithNotFoundTTL(d time.Duration) Option { return func(c *config) { c.notFoundTTL = d } }
+
+// WithLockTTL sets the lease of the load lock. While the loader runs, a
+// watchdog extends the lease every d/3, so d does not bound the load time; it
+// bounds how long a crashed or frozen holder blocks everyone else. Default: 5s
+// ([DefaultLockTTL]), long enough that a GC pause or a slow Redis round trip
+// does not lose a live holder's lock, short enough that a crashed holder is
+// replaced within one retry budget. Minimum 3ms.
+func WithLockTTL(d time.Duration) Option { return func(c *config) { c.lockTTL = d } }
+
+// WithRetry sets the waiter budget: after a first lock attempt that finds
+// another holder, up to maxRetries more attempts, each after sleeping backoff
+// (cut short by the shared load's context) and each re-reading the cache in
+// the same round trip. When the budget is spent the caller gets
+// [ErrLockNotAcquired]. Default: 60 retries of 100ms ([DefaultMaxRetries],
+// [DefaultBackoff]): 6s, longer than the default lock TTL, so a crashed
+// holder's lease runs out within the budget and a waiter takes over. Make
+// maxRetries*backoff longer than your slowest load. maxRetries 0 means one
+// attempt and no waiting. Negative maxRetries, or a non-positive backoff with
+// retries, make [New] panic.
+func WithRetry(maxRetries int, backoff time.Duration) Option {
+	return func(c *config) { c.retry = retryPolicy{max: maxRetries, backoff: backoff} }
+}
+
+// WithJitter spreads expiries of values loaded together: each TTL is drawn
+// uniformly from [ttl*(1-fraction), ttl*(1+fraction)]. Default: 0.1
+// ([DefaultJitter]). fraction must be in [0, 1). See [WithoutJitter].
+func WithJitter(fraction float64) Option { return func(c *config) { c.jitter = fraction } }
+
+// WithoutJitter stores every value for exactly its TTL.
+func WithoutJitter() Option { return WithJitter(0) }
+
+// WithLoadTimeout bounds the shared work of one key in one process: every
+// Redis call, the lock wait and the loader, which receives a context with this
+// deadline. Callers stop waiting earlier when their own context ends; the
+// shared work goes on for the others until it finishes or this timeout.
+// Default: 30s ([DefaultLoadTimeout]).
+func WithLoadTimeout(d time.Duration) Option { return func(c *config) { c.loadTimeout = d } }
+
+// WithCodec sets how values are encoded. Default: [JSON].
+func WithCodec(codec Codec) Option { return func(c *config) { c.codec = codec } }
+
+// WithPrefix is prepended to every key given to the Cache or to [Obtain], for
+// example "svc:products:". Default: none, so the value lives at exactly the
+// key and other programs can read or delete it.
+func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+
+// WithFailurePolicy sets what happens when Redis fails. Default: [FailOpen].
+func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.policy = p } }

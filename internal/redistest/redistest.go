@@ -1,0 +1,289 @@
+// Package redistest finds or starts the real Redis that the tests of this
+// module run against: REDIS_ADDR if set, else a container through
+// testcontainers-go where a Docker engine runs, else a redis-server from PATH
+// started on a free loopback port.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/testcontainers/testcontainers-go"
+	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
+)
+
+const howToGetOne = "no Redis for the tests: set REDIS_ADDR=host:port, start a Docker engine " +
+	"(testcontainers-go), or install redis-server (Debian: apt-get install redis-server)"
+
+var shared struct {
+	once sync.Once
+	addr string
+	stop func()
+	err  error
+}
+
+// Addr returns the address of the shared test Redis, finding or starting it
+// on first use. Tests must use their own keys (see [Prefix]) and never flush
+// it. Call [Stop] from TestMain to stop a server this package started.
+func Addr(tb testing.TB) string {
+	tb.Helper()
+	shared.once.Do(func() { shared.addr, shared.stop, shared.err = find() })
+	if shared.err != nil {
+		tb.Fatal(shared.err)
+	}
+	return shared.addr
+}
+
+// Stop stops the shared Redis if this package started it.
+func Stop() {
+	if shared.stop != nil {
+		shared.stop()
+	}
+}
+
+func find() (string, func(), error) {
+	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+		return addr, nil, ping(addr, 5*time.Second)
+	}
+	if addr, stop, err := container(); err == nil {
+		return addr, stop, nil
+	}
+	s, err := StartServer()
+	if err != nil {
+		return "", nil, fmt.Errorf("%s (%v)", howToGetOne, err)
+	}
+	return s.Addr, s.Stop, nil
+}
+
+// container starts Redis with testcontainers-go; it fails fast without Docker.
+func container() (string, func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := tcredis.Run(ctx, "redis:7-alpine", testcontainers.WithLogger(quietLogger{}))
+	if err != nil {
+		if c != nil {
+			_ = c.Terminate(context.Background())
+		}
+		return "", nil, err
+	}
+	uri, err := c.ConnectionString(ctx)
+	if err != nil {
+		_ = c.Terminate(context.Background())
+		return "", nil, err
+	}
+	opt, err := redis.ParseURL(uri)
+	if err != nil {
+		_ = c.Terminate(context.Background())
+		return "", nil, err
+	}
+	return opt.Addr, func() { _ = c.Terminate(context.Background()) }, nil
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(string, ...any) {}
+
+// Server is a redis-server process this package started; tests may kill,
+// freeze or restart it.
+type Server struct {
+	Addr string
+	Port int
+	dir  string
+	args []string
+
+	mu  sync.Mutex // protects cmd
+	cmd *exec.Cmd
+}
+
+// StartServer starts a private redis-server from PATH on a free loopback
+// port, with persistence off. Extra args are passed to redis-server
+// (for example "--cluster-enabled", "yes").
+func StartServer(extra ...string) (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		Port: port,
+		dir:  dir,
+		args: append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", ""}, extra...),
+	}
+	if err := s.Start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewServer is StartServer for a test: it fails the test without a
+// redis-server binary and stops the server when the test ends.
+func NewServer(tb testing.TB, extra ...string) *Server {
+	tb.Helper()
+	s, err := StartServer(extra...)
+	if err != nil {
+		tb.Fatalf("start redis-server: %v (install it: apt-get install redis-server)", err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Start (re)starts the server process on its port and waits until it answers.
+func (s *Server) Start() error {
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.cmd = cmd
+	s.mu.Unlock()
+	if err := ping(s.Addr, 10*time.Second); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return err
+	}
+	return nil
+}
+
+// Kill ends the server with SIGKILL and waits for it to exit.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}
+
+// Process is the running server process, nil when it is down.
+func (s *Server) Process() *os.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return nil
+	}
+	return s.cmd.Process
+}
+
+// Stop kills the server and removes its directory.
+func (s *Server) Stop() {
+	s.Kill()
+	_ = os.RemoveAll(s.dir)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func ping(addr string, within time.Duration) error {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rdb.Close()
+	deadline := time.Now().Add(within)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis at %s does not answer: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Client returns a client of the Redis at addr, closed when the test ends.
+func Client(tb testing.TB, addr string) *redis.Client {
+	tb.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	tb.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// Prefix returns a key prefix unique to this test run and test, and deletes
+// every key under it when the test ends, so tests can share a server.
+func Prefix(tb testing.TB, rdb redis.UniversalClient) string {
+	tb.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.NewReplacer("/", ":", " ", "_").Replace(tb.Name())
+	p := "stampedetest:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+	tb.Cleanup(func() { DeletePrefix(rdb, p) })
+	return p
+}
+
+// DeletePrefix deletes every key that starts with prefix, including lock keys
+// that wrap it in a hash tag.
+func DeletePrefix(rdb redis.UniversalClient, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, pattern := range []string{prefix + "*", "{" + prefix + "*"} {
+		var keys []string
+		err := forEachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
+			iter := c.Scan(ctx, 0, escape(pattern), 1000).Iterator()
+			for iter.Next(ctx) {
+				keys = append(keys, iter.Val())
+			}
+			return iter.Err()
+		})
+		if err != nil {
+			return
+		}
+		for _, k := range keys {
+			rdb.Del(ctx, k) // one by one: keys may be in different cluster slots
+		}
+	}
+}
+
+func forEachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(context.Context, *redis.Client) error) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return fn(ctx, m)
+		})
+	case *redis.Client:
+		return fn(ctx, c)
+	default:
+		return errors.New("redistest: unsupported client type")
+	}
+}
+
+// escape quotes the glob characters Redis MATCH understands, except the
+// trailing '*'.
+func escape(pattern string) string {
+	body := strings.TrimSuffix(pattern, "*")
+	r := strings.NewReplacer(`\`, `\\`, "?", `\?`, "[", `\[`, "]", `\]`, "*", `\*`)
+	return r.Replace(body) + "*"
+}
