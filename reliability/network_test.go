@@ -58,7 +58,7 @@ func TestNetworkFaultDuringStampede(t *testing.T) {
 	faults := []struct {
 		name, typ, stream, attrs string
 	}{
-		{"stall", "timeout", "upstream", `{"timeout":0}`},   // packets vanish, nothing answers
+		{"stall", "timeout", "upstream", `{"timeout":0}`},    // packets vanish, nothing answers
 		{"reset", "reset_peer", "upstream", `{"timeout":0}`}, // TCP RST on the first byte
 	}
 	for _, f := range faults {
