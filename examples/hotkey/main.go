@@ -1,0 +1,121 @@
+// Command hotkey is the flash-sale demo: one hot product whose cache entry is
+// cold and keeps expiring, served by several instances, with three caching
+// strategies compared on the same workload.
+//
+//	go run ./examples/hotkey            # embedded Redis and MongoDB, ~30s
+//	go run ./examples/hotkey -procs 4   # instances as 4 OS processes
+//	go run ./examples/hotkey -json      # one JSON object per strategy
+//
+// REDIS_ADDR and MONGO_URI point it at real servers instead.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"time"
+)
+
+// config is one run of the demo; main fills it from flags and environment,
+// the test fills it directly.
+type config struct {
+	Instances  int           // service instances, each with its own Redis client and cache
+	Goroutines int           // request goroutines per instance
+	Duration   time.Duration // traffic per strategy
+	TTL        time.Duration // TTL of the hot key
+	LoadDelay  time.Duration // added to every database load: a heavy query
+	Procs      int           // >0: run the instances as this many OS processes
+	Products   int           // products seeded into the embedded database
+	JSON       bool          // one JSON object per strategy on stdout
+	Verbose    bool          // server logs on stderr
+	RedisAddr  string        // "" starts an embedded miniredis
+	MongoURI   string        // "" starts an embedded FerretDB
+}
+
+func main() {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(childMain(spec)) // re-executed by the parent for -procs
+	}
+	cfg := config{RedisAddr: os.Getenv("REDIS_ADDR"), MongoURI: os.Getenv("MONGO_URI")}
+	flag.IntVar(&cfg.Instances, "instances", 4, "service instances (each with its own Redis client, cache and MongoDB client)")
+	flag.IntVar(&cfg.Goroutines, "goroutines", 32, "request goroutines per instance")
+	flag.DurationVar(&cfg.Duration, "duration", 8*time.Second, "traffic per strategy")
+	flag.DurationVar(&cfg.TTL, "ttl", time.Second, "TTL of the hot key (short, so it expires several times per run)")
+	flag.DurationVar(&cfg.LoadDelay, "load-delay", 100*time.Millisecond, "delay added to every database load, modelling a heavy query")
+	flag.IntVar(&cfg.Procs, "procs", 0, "run the instances as `N` OS processes, one instance each (replaces -instances)")
+	flag.IntVar(&cfg.Products, "products", 5000, "products seeded into the embedded database")
+	flag.BoolVar(&cfg.JSON, "json", false, "print one JSON object per strategy on its own line")
+	flag.BoolVar(&cfg.Verbose, "v", false, "show server logs")
+	flag.Parse()
+	if err := cfg.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "hotkey:", err)
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := run(ctx, cfg, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hotkey:", err)
+		os.Exit(1)
+	}
+	if !rep.OK {
+		os.Exit(1)
+	}
+}
+
+func (c *config) check() error {
+	if c.Procs > 0 {
+		c.Instances = c.Procs
+	}
+	switch {
+	case c.Instances < 1 || c.Goroutines < 1:
+		return fmt.Errorf("-instances and -goroutines must be at least 1")
+	case c.Duration <= 0 || c.TTL < time.Millisecond || c.LoadDelay < 0:
+		return fmt.Errorf("-duration and -ttl must be positive, -load-delay not negative")
+	case c.Products < 1:
+		return fmt.Errorf("-products must be at least 1")
+	}
+	return nil
+}
+
+// run sets up the servers, runs the three strategies one after another and
+// writes the table (or JSON lines) to out and progress to errw.
+func run(ctx context.Context, cfg config, out, errw io.Writer) (*report, error) {
+	info := out
+	if cfg.JSON {
+		info = errw // keep stdout to JSON lines
+	}
+	e, err := setup(ctx, cfg, errw)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	mode := "goroutines in this process"
+	if cfg.Procs > 0 {
+		mode = fmt.Sprintf("%d OS processes", cfg.Procs)
+	}
+	fmt.Fprintf(info, "hotkey: Redis = %s; MongoDB = %s\n", e.redisDesc, e.mongoDesc)
+	fmt.Fprintf(info, "%d products seeded; hot key %s; %d instances (%s) x %d goroutines; %v per strategy; TTL %v; load delay %v\n\n",
+		cfg.Products, hotKey(e.runID, "<strategy>"), cfg.Instances, mode, cfg.Goroutines, cfg.Duration, cfg.TTL, cfg.LoadDelay)
+
+	rep := &report{cfg: cfg, env: e}
+	for _, s := range strategies {
+		r, err := measure(ctx, cfg, e, s, errw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s, err)
+		}
+		rep.Results = append(rep.Results, r)
+	}
+	rep.judge()
+	if cfg.JSON {
+		rep.writeJSON(out)
+		fmt.Fprintln(errw, rep.Verdict)
+	} else {
+		rep.writeTable(out)
+	}
+	return rep, nil
+}
