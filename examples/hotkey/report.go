@@ -290,7 +290,7 @@ func (r *report) judge() {
 	}
 	r.OK = len(r.Problems) == 0
 	if r.OK {
-		r.Verdict = fmt.Sprintf("verdict: OK - stampede loaded the hot key once per expiry (%d loads, %d expiries); "+
+		r.Verdict = fmt.Sprintf("verdict: OK - stampede loaded the hot key once per expiry (loads %d = expiries %d); "+
 			"naive loaded it %.1f times per expiry, local %.1f; no request failed",
 			s.DBLoads, s.Expiries, n.LoadsPerExpiry, l.LoadsPerExpiry)
 	} else {
@@ -330,8 +330,8 @@ func (r *report) writeTable(w io.Writer) {
 	if len(r.Results) > 0 && r.Results[0].RedisCmdsMethod == "client hook" {
 		fmt.Fprintln(w, "redis cmds: counted by a go-redis hook on every client (miniredis has no INFO commandstats).")
 	} else {
-		fmt.Fprintln(w, "redis cmds: INFO commandstats delta on the server, commands inside Lua scripts included, INFO and")
-		fmt.Fprintln(w, "          connection handshakes left out. Sent by the clients (hook):", r.sentSummary())
+		fmt.Fprintln(w, "redis cmds: INFO commandstats delta on the server, commands inside Lua scripts included,")
+		fmt.Fprintln(w, "          INFO, HELLO and PING left out. Sent by the clients (hook):", r.sentSummary())
 	}
 	fmt.Fprintln(w, "p50, p99, max: latency of one request (one read of the hot product) as its goroutine saw it.")
 	fmt.Fprintln(w)

@@ -209,8 +209,9 @@ func (e *env) finds(ctx context.Context) int64 {
 
 // redisCommands returns the commands the Redis server has executed, from
 // INFO commandstats, or -1 when the server does not report them (miniredis).
-// INFO itself and connection handshakes (HELLO, CLIENT SETINFO) are left out:
-// they are the measurement and the pool warming up, not the workload.
+// INFO itself, connection handshakes (HELLO, CLIENT SETINFO) and PING are
+// left out: they are the measurement, the pools warming up and the
+// instances' start-up check, not the workload.
 // Commands run inside Lua scripts are counted, as Redis counts them.
 func (e *env) redisCommands(ctx context.Context) int64 {
 	if e.miniredis {
@@ -229,7 +230,7 @@ func (e *env) redisCommands(ctx context.Context) int64 {
 		}
 		found = true
 		switch strings.TrimPrefix(name, "cmdstat_") {
-		case "info", "hello", "client|setinfo":
+		case "info", "hello", "client|setinfo", "ping":
 			continue
 		}
 		for kv := range strings.SplitSeq(rest, ",") {

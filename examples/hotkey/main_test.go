@@ -1,0 +1,117 @@
+// main_test.go runs a short demo against the test harness's real Redis and
+// an embedded FerretDB and checks its verdict, in one process and in several.
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stampede-go/stampede/internal/redistest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(childMain(spec)) // a -procs child re-executed from a test
+	}
+	code := m.Run()
+	redistest.Stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func TestDemoVerdict(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  config
+	}{
+		{"goroutines", config{Instances: 3, Goroutines: 8, Duration: 2500 * time.Millisecond}},
+		{"procs", config{Procs: 2, Goroutines: 8, Duration: 1500 * time.Millisecond}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.cfg
+			cfg.TTL, cfg.LoadDelay, cfg.Products = 500*time.Millisecond, 50*time.Millisecond, 1000
+			cfg.RedisAddr = redistest.Addr(t)
+			if err := cfg.check(); err != nil {
+				t.Fatal(err)
+			}
+			var out, errw bytes.Buffer
+			rep, err := run(t.Context(), cfg, &out, &errw)
+			if err != nil {
+				t.Fatalf("run: %v\n%s", err, errw.String())
+			}
+			t.Logf("\n%s", out.String())
+			if !rep.OK {
+				t.Errorf("%s", rep.Verdict)
+			}
+			for _, r := range rep.Results {
+				if r.Errors != 0 {
+					t.Errorf("%s: %d errors (first: %s); want 0", r.Strategy, r.Errors, r.FirstError)
+				}
+				if r.DBLoadsServer != r.DBLoads {
+					t.Errorf("%s: database served %d finds, loader counted %d; want equal", r.Strategy, r.DBLoadsServer, r.DBLoads)
+				}
+				if r.RedisCmdsMethod != "server INFO commandstats" || r.RedisCmds <= 0 {
+					t.Errorf("%s: redis cmds %d by %q; want a positive count from the server", r.Strategy, r.RedisCmds, r.RedisCmdsMethod)
+				}
+			}
+			s, n := rep.get("stampede"), rep.get("naive")
+			if s.Expiries < 2 || s.DBLoads != int64(s.Expiries) || s.MaxLoadsExpiry != 1 {
+				t.Errorf("stampede: %d loads, %d expiries, up to %d in one; want one per expiry, at least 2 expiries",
+					s.DBLoads, s.Expiries, s.MaxLoadsExpiry)
+			}
+			// Every request goroutine misses together on a cold key; ask for a
+			// third of them so a slow, busy machine still passes.
+			if want := float64(cfg.Instances*cfg.Goroutines) / 3; n.LoadsPerExpiry < want {
+				t.Errorf("naive: %.1f loads per expiry; want at least %.0f", n.LoadsPerExpiry, want)
+			}
+		})
+	}
+}
+
+func TestExpiries(t *testing.T) {
+	ms := func(start, end int64) span { return span{Start: start * 1e6, End: end * 1e6} }
+	ttl := 100 * time.Millisecond
+	tests := []struct {
+		name     string
+		loads    []span
+		wantN    int
+		wantMost int
+	}{
+		{"none", nil, 0, 0},
+		{"one per window", []span{ms(0, 10), ms(115, 125), ms(230, 240)}, 3, 1},
+		{"duplicates in the cold start", []span{ms(0, 10), ms(1, 12), ms(2, 30)}, 1, 3},
+		// The duplicate's SET at 60ms keeps the value until 160ms, past 120ms.
+		{"late duplicate keeps the value alive", []span{ms(0, 10), ms(5, 60), ms(120, 130)}, 1, 3},
+		{"unsorted", []span{ms(230, 240), ms(0, 10), ms(115, 125), ms(116, 126)}, 3, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, most := expiries(tt.loads, ttl)
+			if n != tt.wantN || most != tt.wantMost {
+				t.Errorf("expiries(%v) = %d, %d; want %d, %d", tt.loads, n, most, tt.wantN, tt.wantMost)
+			}
+		})
+	}
+}
+
+func TestHistQuantile(t *testing.T) {
+	h := hist{}
+	for i := 1; i <= 100; i++ {
+		h.add(time.Duration(i) * time.Millisecond)
+	}
+	for _, c := range []struct{ q, want float64 }{{0.5, 50}, {0.99, 99}, {1, 100}} {
+		if got := h.quantile(c.q); got != c.want {
+			t.Errorf("quantile(%v) = %vms; want %vms", c.q, got, c.want)
+		}
+	}
+}
