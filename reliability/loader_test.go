@@ -49,9 +49,13 @@ func TestLoaderFailure(t *testing.T) {
 		{"error", func(context.Context) (string, error) { return "", fmt.Errorf("query: %w", errBoom) },
 			func(err error) bool { return errors.Is(err, errBoom) }},
 		{"panic-error", func(context.Context) (string, error) { panic(errBoom) },
-			func(err error) bool { return errors.Is(err, errBoom) && strings.Contains(err.Error(), "loader panicked") }},
+			func(err error) bool {
+				return errors.Is(err, errBoom) && strings.Contains(err.Error(), "loader panicked")
+			}},
 		{"panic-string", func(context.Context) (string, error) { panic("nil map write") },
-			func(err error) bool { return err != nil && strings.Contains(err.Error(), "loader panicked: nil map write") }},
+			func(err error) bool {
+				return err != nil && strings.Contains(err.Error(), "loader panicked: nil map write")
+			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
