@@ -33,8 +33,8 @@ func TestDemoVerdict(t *testing.T) {
 		name string
 		cfg  config
 	}{
-		{"goroutines", config{Instances: 3, Goroutines: 8, Duration: 2500 * time.Millisecond}},
-		{"procs", config{Procs: 2, Goroutines: 8, Duration: 1500 * time.Millisecond}},
+		{"goroutines", config{Instances: 3, Goroutines: 6, Duration: 2 * time.Second}},
+		{"procs", config{Procs: 2, Goroutines: 6, Duration: 1500 * time.Millisecond}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

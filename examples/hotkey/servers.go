@@ -41,6 +41,10 @@ var hotID = sku(hotN)
 
 func sku(n int) string { return fmt.Sprintf("SKU-%06d", n) }
 
+// errNoProduct is a load that found no hot product: the seeding failed, a
+// request error rather than a cacheable "not found".
+var errNoProduct = errors.New("hot product missing from the catalogue")
+
 // env is the servers of one run and the admin clients the parent uses to
 // seed, count and clean up. Workers never use these clients.
 type env struct {
@@ -257,5 +261,3 @@ func redactURI(uri string) string {
 	}
 	return uri
 }
-
-var errNoProduct = errors.New("hot product missing from the catalogue")
