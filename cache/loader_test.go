@@ -1,0 +1,496 @@
+// loader_test.go proves GetOrLoad's behaviour in one process against a real
+// Redis: merging, locking, the fenced commit, errors and bad input.
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"net"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestGetOrLoadColdKeyLoadsOnceFor300Goroutines(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	src := &counter{delay: 50 * time.Millisecond}
+
+	vals, errs := stampede(t, []*Cache[product]{c}, 300, p+"hot", src.load)
+
+	for i := range vals {
+		require.NoError(t, errs[i])
+		assert.Equal(t, "p1", vals[i].ID)
+	}
+	if got := src.calls.Load(); got != 1 {
+		t.Fatalf("loader called %d times for 300 concurrent callers; want 1", got)
+	}
+	// The value is at exactly the key: a header then the JSON, readable by others.
+	raw, err := rdb.Get(t.Context(), p+"hot").Bytes()
+	require.NoError(t, err)
+	assert.Equal(t, []byte{recordV1, 0}, raw[:2])
+	assert.JSONEq(t, `{"id":"p1","price":1,"tags":{"sale":"yes"}}`, string(raw[2:]))
+}
+
+func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "hot"
+	c := New[product](rdb)
+	_, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+	require.NoError(t, err)
+
+	// Slow the GET down so that every caller arrives while the first is in flight.
+	cmds := countCommands(rdb)
+	rdb.AddHook(delayHook{cmd: "get", delay: 300 * time.Millisecond})
+	src := &counter{}
+	vals, errs := stampede(t, []*Cache[product]{c}, 100, key, src.load)
+	for i := range vals {
+		require.NoError(t, errs[i])
+		assert.Equal(t, "p1", vals[i].ID)
+	}
+	if got := cmds.get("get"); got != 1 {
+		t.Fatalf("100 concurrent hits sent %d GETs; want 1", got)
+	}
+	assert.Zero(t, src.calls.Load(), "a hit must not call the loader")
+}
+
+func TestGetOrLoadInstancesWithOwnClientsLoadOnce(t *testing.T) {
+	_, p := setup(t)
+	addr := redistest.Addr(t)
+	var caches []*Cache[product]
+	for range 8 {
+		caches = append(caches, New[product](redistest.Client(t, addr)))
+	}
+	src := &counter{delay: 200 * time.Millisecond}
+
+	_, errs := stampede(t, caches, 40, p+"hot", src.load)
+
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	if got := src.calls.Load(); got != 1 {
+		t.Fatalf("loader called %d times across 8 instances x 40 goroutines; want 1", got)
+	}
+}
+
+func TestGetOrLoadCallersGetTheirOwnCopy(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	src := &counter{delay: 50 * time.Millisecond}
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			v, err := c.GetOrLoad(t.Context(), p+"k", src.load)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if v.Tags["sale"] != "yes" {
+				t.Errorf("caller %d saw tags %v; want sale=yes (another caller's write leaked in)", i, v.Tags)
+			}
+			v.Tags["sale"] = fmt.Sprint(i) // the race detector catches a shared map
+		})
+	}
+	wg.Wait()
+}
+
+func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "slow"
+	// Not much shorter: on a loaded 2-core CI machine a refresh can be late by
+	// tens of milliseconds, and a lease that short is lost for real.
+	const lockTTL = 300 * time.Millisecond
+	holder := New[product](rdb, WithLockTTL(lockTTL))
+	waiter := New[product](redistest.Client(t, redistest.Addr(t)), WithLockTTL(lockTTL), WithRetry(100, 20*time.Millisecond))
+
+	src := &counter{delay: 4 * lockTTL}
+	done := make(chan error, 1)
+	go func() { _, err := holder.GetOrLoad(t.Context(), key, src.load); done <- err }()
+	waitFor(t, func() bool { return src.calls.Load() == 1 })
+
+	_, err := waiter.GetOrLoad(t.Context(), key, src.load)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	if got := src.calls.Load(); got != 1 {
+		t.Fatalf("a load 4x longer than the lock TTL ran %d times; want 1 (the watchdog must extend the lock)", got)
+	}
+}
+
+func TestGetOrLoadRetriesExhausted(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	require.NoError(t, rdb.Set(t.Context(), lockKey(key), "someone-else", time.Minute).Err())
+	c := New[product](rdb, WithRetry(3, 50*time.Millisecond))
+	src := &counter{}
+
+	start := time.Now()
+	_, err := c.GetOrLoad(t.Context(), key, src.load)
+	elapsed := time.Since(start)
+
+	if !errors.Is(err, ErrLockNotAcquired) {
+		t.Fatalf("GetOrLoad with the lock held elsewhere = %v; want ErrLockNotAcquired", err)
+	}
+	// 3 retries x 50ms: loose bounds, the point is it neither spins nor hangs.
+	assert.GreaterOrEqual(t, elapsed, 150*time.Millisecond)
+	assert.Less(t, elapsed, 2*time.Second)
+	assert.Zero(t, src.calls.Load())
+}
+
+func TestGetOrLoadNoRetries(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	require.NoError(t, rdb.Set(t.Context(), lockKey(key), "someone-else", time.Minute).Err())
+	_, err := New[product](rdb, WithRetry(0, 0)).GetOrLoad(t.Context(), key, (&counter{}).load)
+	assert.ErrorIs(t, err, ErrLockNotAcquired)
+}
+
+func TestGetOrLoadWaiterTakesOverWhenValueArrives(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	require.NoError(t, rdb.Set(t.Context(), lockKey(key), "someone-else", time.Minute).Err())
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		rdb.Set(context.Background(), key, encodeRecord(0, []byte(`{"id":"from-other"}`)), time.Minute)
+	}()
+	src := &counter{}
+	v, err := New[product](rdb, WithRetry(50, 20*time.Millisecond)).GetOrLoad(t.Context(), key, src.load)
+	require.NoError(t, err)
+	assert.Equal(t, "from-other", v.ID, "the waiter must re-read the cache between attempts")
+	assert.Zero(t, src.calls.Load())
+}
+
+func TestGetOrLoadLoaderErrorIsReturnedUnchangedAndNotCached(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	c := New[product](rdb)
+	errDB := errors.New("db is down")
+
+	for _, tc := range []struct {
+		name string
+		load func(context.Context) (product, error)
+		want func(error) bool
+	}{
+		{"error", func(context.Context) (product, error) { return product{}, fmt.Errorf("query: %w", errDB) },
+			func(err error) bool { return errors.Is(err, errDB) }},
+		{"panic", func(context.Context) (product, error) { panic("boom") },
+			func(err error) bool { return err != nil && strings.Contains(err.Error(), "loader panicked: boom") }},
+		{"panic with error", func(context.Context) (product, error) { panic(errDB) },
+			func(err error) bool { return errors.Is(err, errDB) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Go(func() {
+					_, err := c.GetOrLoad(t.Context(), key, tc.load)
+					if !tc.want(err) {
+						t.Errorf("GetOrLoad = %v; want the loader's %s", err, tc.name)
+					}
+				})
+			}
+			wg.Wait()
+			n, err := rdb.Exists(t.Context(), key, lockKey(key)).Result()
+			require.NoError(t, err)
+			assert.Zero(t, n, "after a failed load neither a value nor the lock may remain")
+
+			src := &counter{}
+			_, err = c.GetOrLoad(t.Context(), key, src.load)
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), src.calls.Load(), "the error must not be cached")
+			require.NoError(t, c.Delete(t.Context(), key))
+		})
+	}
+}
+
+func TestGetOrLoadNotFoundIsCached(t *testing.T) {
+	rdb, p := setup(t)
+	var calls atomic.Int64
+	missing := func(context.Context) (product, error) { calls.Add(1); return product{}, ErrNotFound }
+
+	c := New[product](rdb, WithNotFoundTTL(time.Minute))
+	for range 3 {
+		_, err := c.GetOrLoad(t.Context(), p+"absent", missing)
+		require.ErrorIs(t, err, ErrNotFound)
+	}
+	assert.Equal(t, int64(1), calls.Load(), "a not-found answer must be cached")
+	ttl := rdb.PTTL(t.Context(), p+"absent").Val()
+	assert.Greater(t, ttl, 50*time.Second)
+	assert.LessOrEqual(t, ttl, time.Minute)
+
+	calls.Store(0)
+	off := New[product](rdb, WithNotFoundTTL(0))
+	for range 3 {
+		_, err := off.GetOrLoad(t.Context(), p+"absent-uncached", missing)
+		require.ErrorIs(t, err, ErrNotFound)
+	}
+	assert.Equal(t, int64(3), calls.Load(), "WithNotFoundTTL(0) must not cache not-found")
+	assert.Zero(t, rdb.Exists(t.Context(), p+"absent-uncached", lockKey(p+"absent-uncached")).Val())
+}
+
+func TestGetOrLoadUnreadableValueIsAMissAndReplaced(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(ctx context.Context, rdb *redis.Client, key string) error
+	}{
+		{"foreign string", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, "written by another program", 0).Err()
+		}},
+		{"empty string", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, "", 0).Err()
+		}},
+		{"future version", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, []byte{recordV1 + 1, 0, '{', '}'}, 0).Err()
+		}},
+		{"unknown flag", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, []byte{recordV1, 0x80, '{', '}'}, 0).Err()
+		}},
+		{"payload of another type", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, encodeRecord(0, []byte(`[1,2,3]`)), 0).Err()
+		}},
+		{"truncated JSON", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, encodeRecord(0, []byte(`{"id":"p`)), 0).Err()
+		}},
+		{"hash (WRONGTYPE)", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.HSet(ctx, key, "f", "v").Err()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb, p := setup(t)
+			key := p + "k"
+			require.NoError(t, tc.write(t.Context(), rdb, key))
+			src := &counter{}
+			c := New[product](rdb, WithRetry(3, 10*time.Millisecond))
+
+			v, err := c.GetOrLoad(t.Context(), key, src.load)
+			require.NoError(t, err)
+			assert.Equal(t, "p1", v.ID)
+			assert.Equal(t, int64(1), src.calls.Load())
+
+			v, err = c.GetOrLoad(t.Context(), key, src.load)
+			require.NoError(t, err)
+			assert.Equal(t, "p1", v.ID)
+			assert.Equal(t, int64(1), src.calls.Load(), "the unreadable value must have been replaced")
+		})
+	}
+}
+
+func TestDeleteDuringLoadWins(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	c := New[product](rdb)
+	loading, release := make(chan struct{}), make(chan struct{})
+	stale := func(context.Context) (product, error) {
+		close(loading)
+		<-release
+		return product{ID: "stale"}, nil
+	}
+	done := make(chan product, 1)
+	go func() { v, _ := c.GetOrLoad(context.Background(), key, stale); done <- v }()
+
+	<-loading
+	require.NoError(t, c.Delete(t.Context(), key))
+	close(release)
+	assert.Equal(t, "stale", (<-done).ID, "the holder's caller still gets what it loaded")
+
+	n, err := rdb.Exists(t.Context(), key, lockKey(key)).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "a load that began before Delete must not write its stale value")
+
+	v, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+	require.NoError(t, err)
+	assert.Equal(t, "p1", v.ID, "the next read loads fresh data")
+}
+
+func TestDeleteKeysAndLocks(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	keys := []string{p + "a", p + "{tag}b", p + "c}"}
+	for _, k := range keys {
+		_, err := c.GetOrLoad(t.Context(), k, (&counter{}).load)
+		require.NoError(t, err)
+		require.NoError(t, rdb.Set(t.Context(), lockKey(k), "x", time.Minute).Err())
+	}
+	require.NoError(t, c.Delete(t.Context(), keys...))
+	for _, k := range keys {
+		assert.Zero(t, rdb.Exists(t.Context(), k, lockKey(k)).Val(), "key %q or its lock survived Delete", k)
+	}
+	assert.ErrorIs(t, c.Delete(t.Context(), p+"a", ""), ErrEmptyKey)
+}
+
+func TestGetOrLoadCancelledCallerReturnsPromptly(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	c := New[product](rdb)
+	var loaderCtxErr atomic.Value
+	slow := func(ctx context.Context) (product, error) {
+		time.Sleep(400 * time.Millisecond)
+		loaderCtxErr.Store(fmt.Sprint(ctx.Err()))
+		return product{ID: "p1"}, nil
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	other := make(chan error, 1)
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		_, err := c.GetOrLoad(t.Context(), key, slow)
+		other <- err
+	}()
+	start := time.Now()
+	_, err := c.GetOrLoad(ctx, key, slow)
+	elapsed := time.Since(start)
+
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, elapsed, 300*time.Millisecond, "a cancelled caller must not wait for the load")
+	require.NoError(t, <-other, "another caller of the same flight must be unaffected")
+	assert.Equal(t, "<nil>", loaderCtxErr.Load(), "the loader's context must not be cancelled by a caller")
+	assert.Equal(t, byte(recordV1), rdb.Get(t.Context(), key).Val()[0], "the value must be cached")
+}
+
+func TestGetOrLoadLoadTimeoutBoundsALoaderThatIgnoresIt(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithLoadTimeout(100*time.Millisecond))
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.GetOrLoad(t.Context(), p+"k", func(ctx context.Context) (product, error) {
+			<-ctx.Done()
+			return product{}, ctx.Err()
+		})
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		t.Fatal("GetOrLoad did not return after its load timeout")
+	}
+	assert.Zero(t, rdb.Exists(t.Context(), lockKey(p+"k")).Val(), "the lock must be released after a timed-out load")
+}
+
+func TestGetOrLoadBadInput(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+
+	_, err := c.GetOrLoad(t.Context(), "", (&counter{}).load)
+	assert.ErrorIs(t, err, ErrEmptyKey)
+	_, err = c.GetOrLoad(t.Context(), p+"k", nil)
+	assert.ErrorIs(t, err, ErrNilLoader)
+
+	// A value the codec cannot encode: a clear error, nothing cached, lock released.
+	fc := New[func()](rdb)
+	_, err = fc.GetOrLoad(t.Context(), p+"func", func(context.Context) (func(), error) { return func() {}, nil })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cache: encode value")
+	assert.Zero(t, rdb.Exists(t.Context(), p+"func", lockKey(p+"func")).Val())
+}
+
+func TestGetOrLoadPrefixAndTTL(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithPrefix(p), WithTTL(10*time.Second), WithoutJitter())
+	_, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
+	require.NoError(t, err)
+	ttl := rdb.PTTL(t.Context(), p+"k").Val()
+	assert.Greater(t, ttl, 9*time.Second)
+	assert.LessOrEqual(t, ttl, 10*time.Second)
+
+	j := New[product](rdb, WithTTL(100*time.Second), WithJitter(0.5))
+	var lo, hi time.Duration = time.Hour, 0
+	for i := range 20 {
+		key := fmt.Sprintf("%sj%d", p, i)
+		_, err := j.GetOrLoad(t.Context(), key, (&counter{}).load)
+		require.NoError(t, err)
+		ttl := rdb.PTTL(t.Context(), key).Val()
+		lo, hi = min(lo, ttl), max(hi, ttl)
+	}
+	assert.GreaterOrEqual(t, lo, 49*time.Second)
+	assert.LessOrEqual(t, hi, 150*time.Second)
+	assert.Greater(t, hi-lo, 10*time.Second, "jitter must spread TTLs (20 draws from [50s,150s])")
+}
+
+func TestGetOrLoadRedisDown(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+
+	t.Run("fail open loads once per process, uncached", func(t *testing.T) {
+		c := New[product](dead)
+		src := &counter{delay: 100 * time.Millisecond}
+		vals, errs := stampede(t, []*Cache[product]{c}, 50, "k", src.load)
+		for i := range vals {
+			require.NoError(t, errs[i])
+			assert.Equal(t, "p1", vals[i].ID)
+		}
+		assert.Equal(t, int64(1), src.calls.Load(), "in-process callers must still be merged")
+	})
+	t.Run("fail closed returns the Redis error", func(t *testing.T) {
+		c := New[product](dead, WithFailurePolicy(FailClosed))
+		src := &counter{}
+		_, err := c.GetOrLoad(t.Context(), "k", src.load)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "cache: redis")
+		assert.Zero(t, src.calls.Load())
+	})
+}
+
+// blackHole returns the address of a listener that accepts connections and
+// never answers, like a Redis behind a dead network path.
+func blackHole(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var conns sync.WaitGroup
+	stop := make(chan struct{})
+	t.Cleanup(func() { l.Close(); close(stop); conns.Wait() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() { <-stop; c.Close() })
+		}
+	}()
+	return l.Addr().String()
+}
+
+func TestGetOrLoadRedisThatNeverAnswersDoesNotHang(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opt    redis.Options
+		policy FailurePolicy
+		wantOK bool
+	}{
+		// The client's read timeout ends the GET; fail-open then loads.
+		{"client timeout, fail open", redis.Options{ReadTimeout: 100 * time.Millisecond}, FailOpen, true},
+		{"client timeout, fail closed", redis.Options{ReadTimeout: 100 * time.Millisecond}, FailClosed, false},
+		// No client timeouts: only the load timeout can end the flight, and
+		// go-redis honours it only with ContextTimeoutEnabled.
+		{"load timeout", redis.Options{ReadTimeout: -1, WriteTimeout: -1, ContextTimeoutEnabled: true}, FailOpen, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opt := tc.opt
+			opt.Addr, opt.MaxRetries = blackHole(t), -1
+			rdb := redis.NewClient(&opt)
+			t.Cleanup(func() { rdb.Close() })
+			c := New[product](rdb, WithLoadTimeout(300*time.Millisecond), WithFailurePolicy(tc.policy))
+
+			start := time.Now()
+			v, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
+			elapsed := time.Since(start)
+			if tc.wantOK {
+				require.NoError(t, err)
+				assert.Equal(t, "p1", v.ID)
+			} else {
+				assert.Error(t, err)
+			}
+			assert.Less(t, elapsed, 3*time.Second, "GetOrLoad must not hang on a Redis that never answers")
+		})
+	}
+}

@@ -1,0 +1,27 @@
+// main_test.go sets up the package's tests: the real Redis they run against,
+// the child-process modes of the multi-process tests, and the leak check.
+package cache
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/stampede-go/stampede/internal/redistest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childModeEnv); mode != "" {
+		os.Exit(runChild(mode))
+	}
+	code := m.Run()
+	redistest.Stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
