@@ -7,6 +7,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -265,13 +266,14 @@ func (c *Cache[V]) redisFailed(ctx context.Context, err error, load func(context
 	return &result[V]{v: v, data: data}, nil
 }
 
-// jittered spreads d by the configured fraction, to at least 1ms.
+// jittered spreads d by the configured fraction, to at least 1ms and without
+// overflowing for huge TTLs.
 func (c *Cache[V]) jittered(d time.Duration) time.Duration {
-	if c.cfg.jitter == 0 {
-		return d
+	delta := time.Duration(c.cfg.jitter * (2*rand.Float64() - 1) * float64(d))
+	if delta > 0 && d > math.MaxInt64-delta {
+		return math.MaxInt64
 	}
-	f := 1 + c.cfg.jitter*(2*rand.Float64()-1)
-	return max(time.Duration(float64(d)*f), time.Millisecond)
+	return max(d+delta, time.Millisecond)
 }
 
 func isWrongType(err error) bool {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -115,8 +116,8 @@ func newToken() string {
 // lockKey names the load lock of a value key so that both hash to the same
 // Redis Cluster slot, which the scripts need. A key with a hash tag keeps it;
 // any other key becomes the tag ("{key}:lock"). A key that has no tag but
-// holds a '}' cannot be wrapped, so a suffix is searched that lands in the
-// key's slot (rare, and deterministic).
+// holds a '}' cannot be a tag, so its lock is tagged with a short string from
+// the same slot instead ("{T}:lock:key").
 func lockKey(key string) string {
 	if hasHashTag(key) {
 		return key + ":lock"
@@ -124,15 +125,24 @@ func lockKey(key string) string {
 	if !strings.Contains(key, "}") {
 		return "{" + key + "}:lock"
 	}
-	slot := crc16(key) % 16384
-	for n := 0; ; n++ {
-		// Brace-free suffixes cannot create a tag, so the whole name is hashed.
-		k := key + ":lock:" + strconv.Itoa(n)
-		if crc16(k)%16384 == slot {
-			return k
+	return "{" + slotTags()[crc16(key)%slots] + "}:lock:" + key
+}
+
+const slots = 16384
+
+// slotTags maps each cluster slot to a short string that hashes to it, built
+// once on first use (about 170k hashes of a few bytes).
+var slotTags = sync.OnceValue(func() []string {
+	tags := make([]string, slots)
+	for n, left := 0, slots; left > 0; n++ {
+		t := strconv.Itoa(n)
+		if s := crc16(t) % slots; tags[s] == "" {
+			tags[s] = t
+			left--
 		}
 	}
-}
+	return tags
+})
 
 // hasHashTag reports whether Redis Cluster hashes only part of key: the text
 // between the first '{' and the next '}', when not empty.
@@ -149,7 +159,14 @@ func hasHashTag(key string) bool {
 func crc16(s string) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -157,6 +174,7 @@ func crc16(s string) uint16 {
 				crc <<= 1
 			}
 		}
+		t[i] = crc
 	}
-	return crc
-}
+	return t
+}()

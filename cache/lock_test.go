@@ -82,7 +82,7 @@ func TestObtainBadInput(t *testing.T) {
 func TestLockKeyIsInTheValueKeySlot(t *testing.T) {
 	for _, key := range []string{
 		"product:42", "{user:7}:profile", "a{b", "a}b", "{}x", "}{", "x{}y{z}",
-		"{", "}", "tag{a}b}", "sp ace\n\x00bin", strings.Repeat("k", 10000),
+		"{", "}", "tag{a}b}", "sp ace\n\x00bin", strings.Repeat("k", 10000), strings.Repeat("}", 100000),
 	} {
 		lk := lockKey(key)
 		if lk == key {

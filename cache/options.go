@@ -3,6 +3,7 @@
 package cache
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -61,6 +62,9 @@ func newConfig(opts []Option) config {
 		policy:      FailOpen,
 	}
 	for _, o := range opts {
+		if o == nil {
+			panic(errors.New("cache: nil Option"))
+		}
 		o(&c)
 	}
 	if err := c.validate(); err != nil {
@@ -85,7 +89,7 @@ func (c *config) validate() error {
 		return fmt.Errorf("cache: WithRetry(%d, %v): maxRetries must not be negative", c.retry.max, c.retry.backoff)
 	case c.retry.max > 0 && c.retry.backoff <= 0:
 		return fmt.Errorf("cache: WithRetry(%d, %v): backoff must be positive when retrying", c.retry.max, c.retry.backoff)
-	case c.jitter < 0 || c.jitter >= 1:
+	case !(c.jitter >= 0 && c.jitter < 1): // also rejects NaN
 		return fmt.Errorf("cache: WithJitter(%v): fraction must be in [0, 1)", c.jitter)
 	case c.loadTimeout <= 0:
 		return fmt.Errorf("cache: WithLoadTimeout(%v): timeout must be positive", c.loadTimeout)
