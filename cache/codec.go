@@ -1,5 +1,6 @@
 // codec.go defines how values become bytes (Codec) and the record that wraps
 // those bytes in Redis.
+
 package cache
 
 import (

@@ -1,4 +1,5 @@
 // codec_test.go checks the record format and the JSON codec.
+
 package cache
 
 import (

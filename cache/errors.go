@@ -1,5 +1,6 @@
 // errors.go defines the errors the package returns and how a loader panic
 // becomes one.
+
 package cache
 
 import (

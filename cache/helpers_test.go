@@ -1,5 +1,6 @@
 // helpers_test.go holds what the tests share: clients, keys, a counting
 // loader and a Redis command counter.
+
 package cache
 
 import (

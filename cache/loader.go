@@ -1,5 +1,6 @@
 // loader.go is the Cache and its read-through path, GetOrLoad: merge, read,
 // read-or-lock, wait, load, fenced commit.
+
 package cache
 
 import (
@@ -146,7 +147,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		skip = b
 	case errors.Is(err, redis.Nil), isWrongType(err):
 	default:
-		return c.redisFailed(ctx, err, load)
+		return c.redisFailed(ctx, key, err, load)
 	}
 
 	lk := &Lock{rdb: c.rdb, key: lockKey(key), token: newToken()}
@@ -154,7 +155,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		res, err := readOrLockScript.Run(ctx, c.rdb, []string{key, lk.key},
 			lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
 		if err != nil {
-			return c.redisFailed(ctx, err, load)
+			return c.redisFailed(ctx, key, err, load)
 		}
 		if res[0].(int64) == 1 {
 			b := []byte(res[1].(string))
@@ -190,29 +191,35 @@ func (c *Cache[V]) load(ctx context.Context, key string, lk *Lock, load func(con
 	stop := c.watchdog(ctx, lk)
 	v, err := callLoader(ctx, load)
 	stop()
+	r, err := c.outcome(key, v, err)
 
 	// Commit and release even when the flight's deadline has passed: an
 	// abandoned lock would block every process for a whole lease.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
 	defer cancel()
 	switch {
+	case err != nil, r.notFound && c.cfg.notFoundTTL == 0:
+		_ = lk.Release(cctx) // lost or unreachable: the lease runs out by itself
+	case r.notFound:
+		c.commit(cctx, key, lk, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
+	default:
+		c.commit(cctx, key, lk, encodeRecord(0, r.data), c.jittered(c.cfg.ttl))
+	}
+	return r, err
+}
+
+// outcome turns what the loader returned into a flight result.
+func (c *Cache[V]) outcome(key string, v V, err error) (*result[V], error) {
+	switch {
 	case errors.Is(err, ErrNotFound):
-		if c.cfg.notFoundTTL == 0 {
-			_ = lk.Release(cctx)
-		} else {
-			c.commit(cctx, key, lk, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
-		}
 		return &result[V]{notFound: true}, nil
 	case err != nil:
-		_ = lk.Release(cctx) // lost or unreachable: the lease runs out by itself
 		return nil, err
 	}
 	data, err := c.cfg.codec.Marshal(v)
 	if err != nil {
-		_ = lk.Release(cctx)
 		return nil, fmt.Errorf("cache: encode value for %q: %w", key, err)
 	}
-	c.commit(cctx, key, lk, encodeRecord(0, data), c.jittered(c.cfg.ttl))
 	return &result[V]{v: v, data: data}, nil
 }
 
@@ -248,22 +255,12 @@ func (c *Cache[V]) watchdog(ctx context.Context, lk *Lock) (stop func()) {
 }
 
 // redisFailed applies the failure policy to a Redis error.
-func (c *Cache[V]) redisFailed(ctx context.Context, err error, load func(context.Context) (V, error)) (*result[V], error) {
+func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error)) (*result[V], error) {
 	if ctx.Err() != nil || c.cfg.policy == FailClosed {
 		return nil, fmt.Errorf("cache: redis: %w", err)
 	}
 	v, err := callLoader(ctx, load)
-	switch {
-	case errors.Is(err, ErrNotFound):
-		return &result[V]{notFound: true}, nil
-	case err != nil:
-		return nil, err
-	}
-	data, err := c.cfg.codec.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("cache: encode value: %w", err)
-	}
-	return &result[V]{v: v, data: data}, nil
+	return c.outcome(key, v, err)
 }
 
 // jittered spreads d by the configured fraction, to at least 1ms and without

@@ -1,5 +1,6 @@
 // loader_test.go proves GetOrLoad's behaviour in one process against a real
 // Redis: merging, locking, the fenced commit, errors and bad input.
+
 package cache
 
 import (

@@ -1,6 +1,7 @@
 // lock.go is the Redis lock: the load lock GetOrLoad takes, and the same lock
 // on its own for other jobs (one instance runs a scheduled job, a repeated
 // submission is refused).
+
 package cache
 
 import (

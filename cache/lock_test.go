@@ -1,4 +1,5 @@
 // lock_test.go proves the standalone Lock and the naming of load locks.
+
 package cache
 
 import (

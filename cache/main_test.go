@@ -1,5 +1,6 @@
 // main_test.go sets up the package's tests: the real Redis they run against,
 // the child-process modes of the multi-process tests, and the leak check.
+
 package cache
 
 import (
@@ -14,6 +15,10 @@ import (
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(childModeEnv); mode != "" {
 		os.Exit(runChild(mode))
+	}
+	if err := redistest.Export(); err != nil { // the examples read REDIS_ADDR
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	code := m.Run()
 	redistest.Stop()

@@ -1,5 +1,6 @@
 // options.go holds the functional options of [New] and [Obtain], their
 // defaults and their validation.
+
 package cache
 
 import (

@@ -1,5 +1,6 @@
 // options_test.go checks that invalid options fail loudly at New, naming the
 // option.
+
 package cache
 
 import (

@@ -1,5 +1,6 @@
 // retry.go is the waiter's retry policy: how many more lock attempts, and the
 // context-aware sleep between them.
+
 package cache
 
 import (

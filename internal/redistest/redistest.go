@@ -39,11 +39,26 @@ var shared struct {
 // it. Call [Stop] from TestMain to stop a server this package started.
 func Addr(tb testing.TB) string {
 	tb.Helper()
-	shared.once.Do(func() { shared.addr, shared.stop, shared.err = find() })
-	if shared.err != nil {
-		tb.Fatal(shared.err)
+	addr, err := get()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return shared.addr
+	return addr
+}
+
+// Export sets REDIS_ADDR to the shared test Redis, for code that finds Redis
+// the way users' code does (the package examples).
+func Export() error {
+	addr, err := get()
+	if err != nil {
+		return err
+	}
+	return os.Setenv("REDIS_ADDR", addr)
+}
+
+func get() (string, error) {
+	shared.once.Do(func() { shared.addr, shared.stop, shared.err = find() })
+	return shared.addr, shared.err
 }
 
 // Stop stops the shared Redis if this package started it.
