@@ -53,12 +53,29 @@ func (p *panicError) Unwrap() error {
 	return err
 }
 
-// callLoader runs load and converts a panic into a *panicError.
+// errGoexit is returned when the loader called runtime.Goexit (t.FailNow
+// inside a loader, say): singleflight would otherwise never answer the callers.
+var errGoexit = errors.New("cache: loader called runtime.Goexit")
+
+// callLoader runs load in a goroutine of its own, so that a panic becomes a
+// *panicError and a runtime.Goexit becomes errGoexit instead of ending the
+// flight's goroutine with every caller still waiting. Loads are misses, where
+// a goroutine costs nothing next to the database.
 func callLoader[V any](ctx context.Context, load func(context.Context) (V, error)) (v V, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &panicError{value: r, stack: debug.Stack()}
-		}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		returned := false
+		defer func() {
+			if r := recover(); r != nil {
+				err = &panicError{value: r, stack: debug.Stack()}
+			} else if !returned {
+				err = errGoexit
+			}
+		}()
+		v, err = load(ctx)
+		returned = true
 	}()
-	return load(ctx)
+	<-done
+	return v, err
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,6 +187,8 @@ func TestGetOrLoadLoaderErrorIsReturnedUnchangedAndNotCached(t *testing.T) {
 			func(err error) bool { return err != nil && strings.Contains(err.Error(), "loader panicked: boom") }},
 		{"panic with error", func(context.Context) (product, error) { panic(errDB) },
 			func(err error) bool { return errors.Is(err, errDB) }},
+		{"Goexit", func(context.Context) (product, error) { runtime.Goexit(); return product{}, nil },
+			func(err error) bool { return err != nil && strings.Contains(err.Error(), "runtime.Goexit") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var wg sync.WaitGroup
