@@ -25,38 +25,49 @@ func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(dat
 
 // Record format, version 1:
 //
-//	byte 0   format version (recordV1)
-//	byte 1   flags
-//	byte 2.. the codec's bytes (empty for a not-found record)
+//	byte 0      format version (recordV1)
+//	byte 1      flags; the low four bits must be understood by a reader
+//	            (bit 0: not found; later, compression), the high four may be
+//	            ignored (later: load duration and logical expiry for early
+//	            refresh)
+//	byte 2      n, the length of the metadata that optional flags carry
+//	bytes 3..   n bytes of metadata, skipped by readers that do not know it
+//	the rest    the codec's bytes (empty for a not-found record)
 //
-// Flags this version does not know (compression, load duration and logical
-// expiry for early refresh) make the record unreadable to it, which counts as
-// a miss: an old binary reloads and overwrites instead of misreading a newer
-// record.
+// A record with a newer version or an unknown required flag is unreadable,
+// which counts as a miss: an old binary reloads and overwrites rather than
+// misreads it. Optional additions keep old binaries reading the value during
+// a rolling deploy.
 const (
-	recordV1     byte = 1
-	flagNotFound byte = 1 << 0
-	knownFlags        = flagNotFound
-	headerLen         = 2
+	recordV1      byte = 1
+	flagNotFound  byte = 1 << 0
+	requiredFlags byte = 0x0f
+	knownFlags         = flagNotFound
+	headerLen          = 3
 )
 
 var errBadRecord = errors.New("cache: unreadable record")
 
-// encodeRecord prepends the header to payload.
+// encodeRecord prepends a header without metadata to payload.
 func encodeRecord(flags byte, payload []byte) []byte {
 	b := make([]byte, headerLen+len(payload))
-	b[0], b[1] = recordV1, flags
+	b[0], b[1], b[2] = recordV1, flags, 0
 	copy(b[headerLen:], payload)
 	return b
 }
 
-// decodeRecord splits a record into its flags and payload. The payload
+// decodeRecord returns a record's required flags and its payload, which
 // aliases b.
 func decodeRecord(b []byte) (flags byte, payload []byte, err error) {
-	if len(b) < headerLen || b[0] != recordV1 || b[1]&^knownFlags != 0 {
+	if len(b) < headerLen || b[0] != recordV1 {
 		return 0, nil, errBadRecord
 	}
-	flags, payload = b[1], b[headerLen:]
+	flags = b[1] & requiredFlags
+	start := headerLen + int(b[2])
+	if flags&^knownFlags != 0 || len(b) < start {
+		return 0, nil, errBadRecord
+	}
+	payload = b[start:]
 	if flags&flagNotFound != 0 && len(payload) != 0 {
 		return 0, nil, errBadRecord
 	}

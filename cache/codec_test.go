@@ -36,10 +36,12 @@ func TestDecodeRecordRejects(t *testing.T) {
 	}{
 		{"nil", nil},
 		{"one byte", []byte{recordV1}},
-		{"other version", []byte{2, 0, '1'}},
-		{"version zero", []byte{0, 0}},
-		{"unknown flag", []byte{recordV1, 0x02}},
-		{"not found with payload", []byte{recordV1, flagNotFound, 'x'}},
+		{"two bytes", []byte{recordV1, 0}},
+		{"other version", []byte{2, 0, 0, '1'}},
+		{"version zero", []byte{0, 0, 0}},
+		{"unknown required flag", []byte{recordV1, 0x02, 0}},
+		{"metadata past the end", []byte{recordV1, 0x10, 4, 'a', 'b'}},
+		{"not found with payload", []byte{recordV1, flagNotFound, 0, 'x'}},
 		{"plain JSON", []byte(`{"id":"p1"}`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,6 +50,22 @@ func TestDecodeRecordRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestDecodeRecordSkipsOptionalMetadata(t *testing.T) {
+	// A newer writer's optional flag and its metadata: this version reads the
+	// value and ignores the rest, so a rolling deploy does not reload keys.
+	b := []byte{recordV1, 0x10 | flagNotFound, 2, 'm', 'd'}
+	flags, payload, err := decodeRecord(b)
+	require.NoError(t, err)
+	assert.Equal(t, flagNotFound, flags)
+	assert.Empty(t, payload)
+
+	b = append([]byte{recordV1, 0x20, 3, 1, 2, 3}, `{"id":"p1"}`...)
+	flags, payload, err = decodeRecord(b)
+	require.NoError(t, err)
+	assert.Zero(t, flags)
+	assert.Equal(t, `{"id":"p1"}`, string(payload))
 }
 
 func TestJSONCodec(t *testing.T) {

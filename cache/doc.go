@@ -38,28 +38,36 @@
 //
 // The value lives at exactly the key (after [WithPrefix]), so other programs
 // can read or delete it. Its bytes are a record: a format version byte, a
-// flags byte, then the [Codec]'s bytes (JSON by default). A value this
-// version cannot read (another program's data, a newer format, bytes the
-// codec rejects) counts as a miss and is replaced by the next load.
+// flags byte, a metadata length byte (0 today), then the [Codec]'s bytes
+// (JSON by default). A value this version cannot read (another program's
+// data, a newer format, bytes the codec rejects) counts as a miss and is
+// replaced by the next load.
 //
-// The lock lives at a key in the same Redis Cluster hash slot as the value
-// ("{key}:lock", or "key:lock" when the key has a hash tag), so the scripts
-// work on a cluster. Its value is a 128-bit random token.
+// The lock lives at a key in the same Redis Cluster hash slot as the value,
+// so the scripts work on a cluster: "{key}:lock"; "key:lock" when the key has
+// a hash tag; "{T}:lock:key", with T a short string of the key's slot, when
+// the key holds a '}' but no tag. Its value is a 128-bit random token.
 //
 // # Guarantees and limits
 //
 // While the lock holder is alive and reachable, a key is loaded once per TTL
 // across all goroutines of all processes. A crashed holder blocks the others
-// for at most the lock TTL ([WithLockTTL]); a holder frozen past its lease can
-// never overwrite a newer value, but a second load can then run meanwhile.
+// for at most the lock TTL ([WithLockTTL]) plus one backoff; a holder frozen
+// past its lease can never overwrite a newer value, but a second load can
+// then run meanwhile.
 // The lock is a single Redis key: on a failover of a replicated Redis, a lock
 // not yet copied to the replica is lost, and one extra load can run.
 //
 // When Redis fails, [FailOpen] (the default) calls the loader without the
 // lock, once per key per process at a time, and returns its value uncached;
-// [FailClosed] returns the error. Each Redis call is bounded by the client's
-// read and write timeouts (go-redis defaults: 3s); the load timeout bounds a
-// call only if the client has ContextTimeoutEnabled set.
+// [FailClosed] returns the error. Under FailOpen, a Redis error while another
+// process holds the lock also loads without it: one extra load. Each Redis
+// call is bounded by the client's read and write timeouts (go-redis
+// defaults: 3s); the load timeout bounds a call only if the client has
+// ContextTimeoutEnabled set. A loader still running at the load timeout is
+// abandoned and its lock released. Errors the cache absorbs (a Redis error
+// under FailOpen, a value not stored because its lock was lost) go to
+// [WithErrorHook].
 //
 // A Cache is safe for concurrent use by many goroutines. Use [Obtain] for the
 // same lock on its own: one instance runs a scheduled job, a repeated

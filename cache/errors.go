@@ -36,15 +36,16 @@ var (
 	ErrNilLoader = errors.New("cache: nil loader")
 )
 
-// panicError is a loader panic turned into an error, so that every merged
-// caller gets it instead of the process crashing in singleflight's goroutine.
+// panicError is a panic turned into an error, so that every merged caller
+// gets it instead of the process crashing in singleflight's goroutine.
 type panicError struct {
+	in    string // "loader", "codec" or "flight"
 	value any
 	stack []byte
 }
 
 func (p *panicError) Error() string {
-	return fmt.Sprintf("cache: loader panicked: %v\n\n%s", p.value, p.stack)
+	return fmt.Sprintf("cache: %s panicked: %v\n\n%s", p.in, p.value, p.stack)
 }
 
 // Unwrap lets errors.Is see an error value the loader panicked with.
@@ -57,25 +58,34 @@ func (p *panicError) Unwrap() error {
 // inside a loader, say): singleflight would otherwise never answer the callers.
 var errGoexit = errors.New("cache: loader called runtime.Goexit")
 
-// callLoader runs load in a goroutine of its own, so that a panic becomes a
-// *panicError and a runtime.Goexit becomes errGoexit instead of ending the
-// flight's goroutine with every caller still waiting. Loads are misses, where
-// a goroutine costs nothing next to the database.
-func callLoader[V any](ctx context.Context, load func(context.Context) (V, error)) (v V, err error) {
-	done := make(chan struct{})
+type loaded[V any] struct {
+	v   V
+	err error
+}
+
+// callLoader runs load in a goroutine of its own and waits for it until ctx
+// ends. A panic becomes a *panicError and runtime.Goexit becomes errGoexit,
+// instead of ending the flight's goroutine with every caller still waiting.
+// A loader that outlives ctx is abandoned: its callers get an error and the
+// lock is released, and its goroutine ends when it returns. Loads are misses,
+// where a goroutine costs nothing next to the database.
+func callLoader[V any](ctx context.Context, load func(context.Context) (V, error)) (V, error) {
+	ch := make(chan loaded[V], 1)
 	go func() {
-		defer close(done)
-		returned := false
+		r := loaded[V]{err: errGoexit} // kept only if load never returns
 		defer func() {
-			if r := recover(); r != nil {
-				err = &panicError{value: r, stack: debug.Stack()}
-			} else if !returned {
-				err = errGoexit
+			if p := recover(); p != nil {
+				r = loaded[V]{err: &panicError{in: "loader", value: p, stack: debug.Stack()}}
 			}
+			ch <- r
 		}()
-		v, err = load(ctx)
-		returned = true
+		r.v, r.err = load(ctx)
 	}()
-	<-done
-	return v, err
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero V
+		return zero, fmt.Errorf("cache: loader still running at the load timeout: %w", ctx.Err())
+	}
 }

@@ -132,3 +132,22 @@ func stampede(t *testing.T, caches []*Cache[product], callers int, key string, l
 	wg.Wait()
 	return vals, errs
 }
+
+// resendHook runs every command named cmd twice, as go-redis does when the
+// reply to the first run is lost, and keeps the second reply.
+type resendHook struct{ cmd string }
+
+func (h resendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == h.cmd {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}

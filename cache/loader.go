@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,9 +50,10 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 
 // result is what one flight hands to all of its callers.
 type result[V any] struct {
-	v        V           // decoded or loaded value; given to the first caller
-	data     []byte      // the codec's bytes; decoded again for every other caller
-	notFound bool        // the source said the value does not exist
+	data     []byte      // the codec's bytes; each caller decodes its own copy
+	notFound error       // non-nil: the value does not exist; what callers get
+	v        V           // on a hit, data already decoded once...
+	hasV     bool        // ...for the first caller to take
 	taken    atomic.Bool // whether v has been handed out
 }
 
@@ -82,7 +83,12 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 		return zero, ErrNilLoader
 	}
 	key = c.cfg.prefix + key
-	ch := c.group.DoChan(key, func() (any, error) {
+	ch := c.group.DoChan(key, func() (r any, err error) {
+		defer func() { // a panic decoding a hit: an error for the callers, not a crash
+			if p := recover(); p != nil {
+				err = &panicError{in: "flight", value: p, stack: debug.Stack()}
+			}
+		}()
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 		defer cancel()
 		return c.fetch(fctx, key, load)
@@ -101,10 +107,10 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 // value hands a flight's result to one caller.
 func (c *Cache[V]) value(r *result[V]) (V, error) {
 	var v V
-	if r.notFound {
-		return v, ErrNotFound
+	if r.notFound != nil {
+		return v, r.notFound
 	}
-	if !r.taken.Swap(true) {
+	if r.hasV && !r.taken.Swap(true) {
 		return r.v, nil
 	}
 	if err := c.cfg.codec.Unmarshal(r.data, &v); err != nil {
@@ -155,6 +161,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		res, err := readOrLockScript.Run(ctx, c.rdb, []string{key, lk.key},
 			lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
 		if err != nil {
+			c.release(ctx, key, lk) // the lock is ours if only the reply was lost
 			return c.redisFailed(ctx, key, err, load)
 		}
 		if res[0].(int64) == 1 {
@@ -178,8 +185,11 @@ func (c *Cache[V]) decode(b []byte) *result[V] {
 	if err != nil {
 		return nil
 	}
-	r := &result[V]{notFound: flags&flagNotFound != 0, data: payload}
-	if !r.notFound && c.cfg.codec.Unmarshal(payload, &r.v) != nil {
+	if flags&flagNotFound != 0 {
+		return &result[V]{notFound: ErrNotFound}
+	}
+	r := &result[V]{data: payload, hasV: true}
+	if c.cfg.codec.Unmarshal(payload, &r.v) != nil {
 		return nil
 	}
 	return r
@@ -192,42 +202,83 @@ func (c *Cache[V]) load(ctx context.Context, key string, lk *Lock, load func(con
 	v, err := callLoader(ctx, load)
 	stop()
 	r, err := c.outcome(key, v, err)
-
-	// Commit and release even when the flight's deadline has passed: an
-	// abandoned lock would block every process for a whole lease.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
-	defer cancel()
 	switch {
-	case err != nil, r.notFound && c.cfg.notFoundTTL == 0:
-		_ = lk.Release(cctx) // lost or unreachable: the lease runs out by itself
-	case r.notFound:
-		c.commit(cctx, key, lk, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
+	case err != nil, r.notFound != nil && c.cfg.notFoundTTL == 0:
+		c.release(ctx, key, lk)
+	case r.notFound != nil:
+		c.commit(ctx, key, lk, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
 	default:
-		c.commit(cctx, key, lk, encodeRecord(0, r.data), c.jittered(c.cfg.ttl))
+		c.commit(ctx, key, lk, encodeRecord(0, r.data), c.jittered(c.cfg.ttl))
 	}
 	return r, err
 }
 
-// outcome turns what the loader returned into a flight result.
+// outcome turns what the loader returned into a flight result. On success
+// every caller, the first included, decodes the encoded bytes, so that all
+// see exactly what the cache stores.
 func (c *Cache[V]) outcome(key string, v V, err error) (*result[V], error) {
+	var pe *panicError
 	switch {
+	case errors.As(err, &pe): // even a panic with ErrNotFound is a failure
+		return nil, err
 	case errors.Is(err, ErrNotFound):
-		return &result[V]{notFound: true}, nil
+		return &result[V]{notFound: err}, nil
 	case err != nil:
 		return nil, err
 	}
-	data, err := c.cfg.codec.Marshal(v)
+	data, err := c.marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("cache: encode value for %q: %w", key, err)
 	}
-	return &result[V]{v: v, data: data}, nil
+	return &result[V]{data: data}, nil
+}
+
+// marshal encodes v; a panicking codec becomes an error here, while the lock
+// is still held, so that the lock is released.
+func (c *Cache[V]) marshal(v V) (data []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &panicError{in: "codec", value: p, stack: debug.Stack()}
+		}
+	}()
+	return c.cfg.codec.Marshal(v)
+}
+
+// cleanup gives commit and release a context that outlives the flight's
+// deadline, bounded by the lease: an abandoned lock would block every
+// process for a whole lease.
+func (c *Cache[V]) cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
 }
 
 // commit writes record if the lock is still ours. The loaded value is
 // returned to the callers either way: it is what the source said, only a
 // newer writer (or a Delete) keeps it out of Redis.
 func (c *Cache[V]) commit(ctx context.Context, key string, lk *Lock, record []byte, ttl time.Duration) {
-	_ = commitScript.Run(ctx, c.rdb, []string{key, lk.key}, lk.token, record, ttl.Milliseconds()).Err()
+	ctx, cancel := c.cleanup(ctx)
+	defer cancel()
+	n, err := commitScript.Run(ctx, c.rdb, []string{key, lk.key}, lk.token, record, ttl.Milliseconds()).Int()
+	switch {
+	case err != nil:
+		c.report(key, fmt.Errorf("cache: store %q: %w", key, err))
+	case n == 0:
+		c.report(key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", key, ErrLockNotHeld))
+	}
+}
+
+// release gives the lock up; if it is no longer ours there is nothing to do.
+func (c *Cache[V]) release(ctx context.Context, key string, lk *Lock) {
+	ctx, cancel := c.cleanup(ctx)
+	defer cancel()
+	if err := lk.Release(ctx); err != nil && !errors.Is(err, ErrLockNotHeld) {
+		c.report(key, fmt.Errorf("cache: release lock of %q: %w", key, err))
+	}
+}
+
+func (c *Cache[V]) report(key string, err error) {
+	if c.cfg.onError != nil {
+		c.cfg.onError(key, err)
+	}
 }
 
 // watchdog extends lk every lockTTL/3 until the returned stop is called or
@@ -256,9 +307,11 @@ func (c *Cache[V]) watchdog(ctx context.Context, lk *Lock) (stop func()) {
 
 // redisFailed applies the failure policy to a Redis error.
 func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error)) (*result[V], error) {
+	err = fmt.Errorf("cache: redis: %w", err)
 	if ctx.Err() != nil || c.cfg.policy == FailClosed {
-		return nil, fmt.Errorf("cache: redis: %w", err)
+		return nil, err
 	}
+	c.report(key, err)
 	v, err := callLoader(ctx, load)
 	return c.outcome(key, v, err)
 }
@@ -273,6 +326,4 @@ func (c *Cache[V]) jittered(d time.Duration) time.Duration {
 	return max(d+delta, time.Millisecond)
 }
 
-func isWrongType(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
-}
+func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }

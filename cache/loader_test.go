@@ -39,8 +39,8 @@ func TestGetOrLoadColdKeyLoadsOnceFor300Goroutines(t *testing.T) {
 	// The value is at exactly the key: a header then the JSON, readable by others.
 	raw, err := rdb.Get(t.Context(), p+"hot").Bytes()
 	require.NoError(t, err)
-	assert.Equal(t, []byte{recordV1, 0}, raw[:2])
-	assert.JSONEq(t, `{"id":"p1","price":1,"tags":{"sale":"yes"}}`, string(raw[2:]))
+	assert.Equal(t, []byte{recordV1, 0, 0}, raw[:headerLen])
+	assert.JSONEq(t, `{"id":"p1","price":1,"tags":{"sale":"yes"}}`, string(raw[headerLen:]))
 }
 
 func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
@@ -105,6 +105,46 @@ func TestGetOrLoadCallersGetTheirOwnCopy(t *testing.T) {
 	wg.Wait()
 }
 
+func TestGetOrLoadMergedCallersAllSeeWhatIsStored(t *testing.T) {
+	// A field the codec drops: the holder's own caller must not see more than
+	// the callers who decode the stored bytes.
+	type secret struct {
+		Public  string
+		Private string `json:"-"`
+	}
+	rdb, p := setup(t)
+	c := New[secret](rdb)
+	load := func(context.Context) (secret, error) {
+		time.Sleep(50 * time.Millisecond)
+		return secret{Public: "a", Private: "b"}, nil
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			v, err := c.GetOrLoad(t.Context(), p+"k", load)
+			assert.NoError(t, err)
+			assert.Equal(t, secret{Public: "a"}, v, "every caller gets what the cache stores")
+		})
+	}
+	wg.Wait()
+}
+
+func TestGetOrLoadLostReplyToTheLockScript(t *testing.T) {
+	// go-redis resends a command whose reply was lost. Simulate that for the
+	// read-or-lock script: run it twice and keep the second reply. The lock
+	// taken by the first run is ours, so the load must go ahead at once.
+	rdb, p := setup(t)
+	rdb.AddHook(resendHook{cmd: "evalsha"})
+	c := New[product](rdb, WithLockTTL(5*time.Second), WithRetry(3, 10*time.Millisecond))
+	src := &counter{}
+	start := time.Now()
+	v, err := c.GetOrLoad(t.Context(), p+"k", src.load)
+	require.NoError(t, err)
+	assert.Equal(t, "p1", v.ID)
+	assert.Equal(t, int64(1), src.calls.Load())
+	assert.Less(t, time.Since(start), 2*time.Second, "the holder must not wait on its own lock")
+}
+
 func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "slow"
@@ -155,7 +195,7 @@ func TestGetOrLoadNoRetries(t *testing.T) {
 	assert.ErrorIs(t, err, ErrLockNotAcquired)
 }
 
-func TestGetOrLoadWaiterTakesOverWhenValueArrives(t *testing.T) {
+func TestGetOrLoadWaiterSeesAValueWrittenMeanwhile(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
 	require.NoError(t, rdb.Set(t.Context(), lockKey(key), "someone-else", time.Minute).Err())
@@ -251,10 +291,13 @@ func TestGetOrLoadUnreadableValueIsAMissAndReplaced(t *testing.T) {
 			return rdb.Set(ctx, key, "", 0).Err()
 		}},
 		{"future version", func(ctx context.Context, rdb *redis.Client, key string) error {
-			return rdb.Set(ctx, key, []byte{recordV1 + 1, 0, '{', '}'}, 0).Err()
+			return rdb.Set(ctx, key, []byte{recordV1 + 1, 0, 0, '{', '}'}, 0).Err()
 		}},
-		{"unknown flag", func(ctx context.Context, rdb *redis.Client, key string) error {
-			return rdb.Set(ctx, key, []byte{recordV1, 0x80, '{', '}'}, 0).Err()
+		{"unknown required flag", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, []byte{recordV1, 0x02, 0, '{', '}'}, 0).Err()
+		}},
+		{"metadata longer than the record", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, []byte{recordV1, 0x10, 9, '{', '}'}, 0).Err()
 		}},
 		{"payload of another type", func(ctx context.Context, rdb *redis.Client, key string) error {
 			return rdb.Set(ctx, key, encodeRecord(0, []byte(`[1,2,3]`)), 0).Err()
@@ -316,7 +359,7 @@ func TestDeleteDuringLoadWins(t *testing.T) {
 func TestDeleteKeysAndLocks(t *testing.T) {
 	rdb, p := setup(t)
 	c := New[product](rdb)
-	keys := []string{p + "a", p + "{tag}b", p + "c}"}
+	keys := []string{p + "a", p + "{tag}b", p + "c}", p + "}{", p + "{}x", p + "x{", p + "sp ace\n\x00", p + strings.Repeat("}", 4096)}
 	for _, k := range keys {
 		_, err := c.GetOrLoad(t.Context(), k, (&counter{}).load)
 		require.NoError(t, err)
@@ -359,24 +402,110 @@ func TestGetOrLoadCancelledCallerReturnsPromptly(t *testing.T) {
 	assert.Equal(t, byte(recordV1), rdb.Get(t.Context(), key).Val()[0], "the value must be cached")
 }
 
-func TestGetOrLoadLoadTimeoutBoundsALoaderThatIgnoresIt(t *testing.T) {
+func TestGetOrLoadLoadTimeoutAbandonsALoaderThatIgnoresIt(t *testing.T) {
 	rdb, p := setup(t)
-	c := New[product](rdb, WithLoadTimeout(100*time.Millisecond))
-	got := make(chan error, 1)
-	go func() {
-		_, err := c.GetOrLoad(t.Context(), p+"k", func(ctx context.Context) (product, error) {
-			<-ctx.Done()
-			return product{}, ctx.Err()
-		})
-		got <- err
-	}()
-	select {
-	case err := <-got:
-		assert.ErrorIs(t, err, context.DeadlineExceeded)
-	case <-time.After(5 * time.Second):
-		t.Fatal("GetOrLoad did not return after its load timeout")
+	key := p + "k"
+	c := New[product](rdb, WithLoadTimeout(200*time.Millisecond))
+	stuck := make(chan struct{})
+	var returned sync.WaitGroup
+	returned.Add(1)
+	t.Cleanup(func() { close(stuck); returned.Wait() }) // let it end before the leak check
+	ignoring := func(context.Context) (product, error) {
+		defer returned.Done()
+		<-stuck // ignores its context
+		return product{ID: "late"}, nil
 	}
-	assert.Zero(t, rdb.Exists(t.Context(), lockKey(p+"k")).Val(), "the lock must be released after a timed-out load")
+
+	start := time.Now()
+	_, err := c.GetOrLoad(t.Context(), key, ignoring) // no deadline of its own
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 3*time.Second, "the load timeout must end the flight")
+	assert.Zero(t, rdb.Exists(t.Context(), key, lockKey(key)).Val(), "the lock must be released, nothing stored")
+
+	// The key is not poisoned: the next caller in this process loads afresh.
+	v, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+	require.NoError(t, err)
+	assert.Equal(t, "p1", v.ID)
+}
+
+func TestGetOrLoadNotFoundErrorsKeepTheirMeaning(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+
+	// A panic is a failure even when it carries ErrNotFound: nothing cached.
+	_, err := c.GetOrLoad(t.Context(), p+"panic", func(context.Context) (product, error) { panic(ErrNotFound) })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "panicked")
+	assert.Zero(t, rdb.Exists(t.Context(), p+"panic").Val(), "a panic must not be cached as not-found")
+
+	// A wrapped ErrNotFound reaches the holder's callers as the loader said it.
+	wrapped := fmt.Errorf("product 7: %w", ErrNotFound)
+	_, err = c.GetOrLoad(t.Context(), p+"wrapped", func(context.Context) (product, error) { return product{}, wrapped })
+	assert.Equal(t, wrapped, err)
+	_, err = c.GetOrLoad(t.Context(), p+"wrapped", (&counter{}).load)
+	assert.ErrorIs(t, err, ErrNotFound, "later callers read the cached not-found record")
+}
+
+func TestGetOrLoadCodecPanicIsAnError(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithCodec(panicCodec{}))
+
+	// Encoding a loaded value: an error, and the lock is released at once.
+	_, err := c.GetOrLoad(t.Context(), p+"k", (&counter{}).load)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cache: codec panicked: codec broke")
+	assert.Zero(t, rdb.Exists(t.Context(), p+"k", lockKey(p+"k")).Val())
+
+	// Decoding a hit: an error for the caller, not a crash of the process.
+	require.NoError(t, rdb.Set(t.Context(), p+"hit", encodeRecord(0, []byte(`{}`)), time.Minute).Err())
+	_, err = c.GetOrLoad(t.Context(), p+"hit", (&counter{}).load)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cache: flight panicked: codec broke")
+}
+
+type panicCodec struct{}
+
+func (panicCodec) Marshal(any) ([]byte, error) { panic("codec broke") }
+func (panicCodec) Unmarshal([]byte, any) error { panic("codec broke") }
+
+func TestErrorHookSeesWhatCallersDoNot(t *testing.T) {
+	t.Run("value not stored after Delete", func(t *testing.T) {
+		rdb, p := setup(t)
+		var got []error
+		var mu sync.Mutex
+		hook := WithErrorHook(func(_ string, err error) { mu.Lock(); got = append(got, err); mu.Unlock() })
+		c := New[product](rdb, hook)
+		loading, release := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.GetOrLoad(context.Background(), p+"k", func(context.Context) (product, error) {
+				close(loading)
+				<-release
+				return product{ID: "stale"}, nil
+			})
+			done <- err
+		}()
+		<-loading
+		require.NoError(t, c.Delete(t.Context(), p+"k"))
+		close(release)
+		require.NoError(t, <-done)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, got, 1)
+		assert.ErrorIs(t, got[0], ErrLockNotHeld)
+	})
+	t.Run("Redis error under FailOpen", func(t *testing.T) {
+		dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		t.Cleanup(func() { dead.Close() })
+		var keys []string
+		c := New[product](dead, WithErrorHook(func(key string, err error) {
+			keys = append(keys, key)
+			assert.Contains(t, err.Error(), "cache: redis:")
+		}))
+		_, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"k"}, keys)
+	})
 }
 
 func TestGetOrLoadBadInput(t *testing.T) {
@@ -475,8 +604,10 @@ func TestGetOrLoadRedisThatNeverAnswersDoesNotHang(t *testing.T) {
 		{"client timeout, fail open", redis.Options{ReadTimeout: 100 * time.Millisecond}, FailOpen, true},
 		{"client timeout, fail closed", redis.Options{ReadTimeout: 100 * time.Millisecond}, FailClosed, false},
 		// No client timeouts: only the load timeout can end the flight, and
-		// go-redis honours it only with ContextTimeoutEnabled.
-		{"load timeout", redis.Options{ReadTimeout: -1, WriteTimeout: -1, ContextTimeoutEnabled: true}, FailOpen, false},
+		// go-redis honours it only with ContextTimeoutEnabled. (FailClosed:
+		// the socket deadline and the context's timer fire together, so under
+		// FailOpen the outcome may be either an error or a fresh load.)
+		{"load timeout", redis.Options{ReadTimeout: -1, WriteTimeout: -1, ContextTimeoutEnabled: true}, FailClosed, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opt := tc.opt

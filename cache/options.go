@@ -49,6 +49,7 @@ type config struct {
 	loadTimeout time.Duration
 	codec       Codec
 	policy      FailurePolicy
+	onError     func(key string, err error)
 }
 
 func newConfig(opts []Option) config {
@@ -144,11 +145,14 @@ func WithJitter(fraction float64) Option { return func(c *config) { c.jitter = f
 // WithoutJitter stores every value for exactly its TTL.
 func WithoutJitter() Option { return WithJitter(0) }
 
-// WithLoadTimeout bounds the shared work of one key in one process: every
-// Redis call, the lock wait and the loader, which receives a context with this
-// deadline. Callers stop waiting earlier when their own context ends; the
-// shared work goes on for the others until it finishes or this timeout.
-// Default: 30s ([DefaultLoadTimeout]).
+// WithLoadTimeout bounds the shared work of one key in one process: the
+// lock wait and the loader, which receives a context with this deadline. A
+// loader still running at the deadline is abandoned: its callers get an error
+// wrapping context.DeadlineExceeded and the lock is released, so that the
+// next caller can load. Redis calls honour the deadline only if the client
+// sets ContextTimeoutEnabled; otherwise the client's own read and write
+// timeouts bound them. Callers stop waiting earlier when their own context
+// ends. Default: 30s ([DefaultLoadTimeout]).
 func WithLoadTimeout(d time.Duration) Option { return func(c *config) { c.loadTimeout = d } }
 
 // WithCodec sets how values are encoded. Default: [JSON].
@@ -161,3 +165,14 @@ func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = pref
 
 // WithFailurePolicy sets what happens when Redis fails. Default: [FailOpen].
 func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.policy = p } }
+
+// WithErrorHook is called with the errors the cache handles without
+// returning them to a caller: a Redis error that [FailOpen] turned into an
+// uncached load, a loaded value not stored because the lock was lost (the
+// error wraps [ErrLockNotHeld]: a Delete ran or the lease lapsed), a failed
+// commit or lock release. Use it for logs and metrics; the cache itself
+// never logs. fn runs on the loading goroutine, so it must be quick and safe
+// for concurrent use. Default: none.
+func WithErrorHook(fn func(key string, err error)) Option {
+	return func(c *config) { c.onError = fn }
+}

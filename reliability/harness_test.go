@@ -247,8 +247,9 @@ func stored(tb testing.TB, rdb redis.UniversalClient, key string) string {
 	if err != nil {
 		tb.Fatalf("GET %q: %v", key, err)
 	}
-	if len(b) < 2 {
-		tb.Fatalf("GET %q = %q: not a record", key, b)
+	// Version, flags, metadata length; the cache writes no metadata.
+	if len(b) < 3 || b[0] != 1 || b[2] != 0 {
+		tb.Fatalf("GET %q = %q: not a record of this version", key, b)
 	}
-	return string(b[2:])
+	return string(b[3:])
 }

@@ -225,18 +225,21 @@ func TestValuesTheCodecRejects(t *testing.T) {
 			}
 		})
 	}
-	// A codec that writes but cannot read back: never a wrong value; every
-	// call is a miss and reloads (under the lock), other merged callers get
-	// the decode error.
+	// A codec that writes but cannot read back: never a wrong value. Every
+	// caller decodes what the cache stored, so every call gets the codec's
+	// decode error, and every call is a miss that reloads (under the lock).
 	t.Run("unreadable", func(t *testing.T) {
 		p := redistest.Prefix(t, direct)
 		c := cache.New[string](direct, cache.WithPrefix(p), cache.WithCodec(unsafeCodec{unmarshal: errCodec}))
 		src := newSource(0)
 		for i := range 3 {
 			v, err := c.GetOrLoad(ctx, "k", src.loader("k", "v"))
-			if err != nil || v != "v" {
-				t.Errorf("call %d: GetOrLoad = %q, %v; want the loaded value", i, v, err)
+			if !errors.Is(err, errCodec) || !strings.Contains(fmt.Sprint(err), "cache: decode value") || v != "" {
+				t.Errorf("call %d: GetOrLoad = %q, %v; want the codec's decode error", i, v, err)
 			}
+		}
+		if n := src.loads("k"); n != 3 {
+			t.Errorf("loads = %d; want 3: an unreadable record is a miss", n)
 		}
 		t.Logf("figures: codec that cannot decode: %d loads for 3 sequential calls", src.loads("k"))
 	})
@@ -264,12 +267,13 @@ func TestForeignDataAtKey(t *testing.T) {
 		{"hash-WRONGTYPE", func(r *redis.Client, k string) { r.HSet(ctx, k, "f", "v") }},
 		{"list-WRONGTYPE", func(r *redis.Client, k string) { r.RPush(ctx, k, "a", "b") }},
 		{"empty", func(r *redis.Client, k string) { r.Set(ctx, k, "", 0) }},
-		{"truncated-header", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01", 0) }},
-		{"future-version", func(r *redis.Client, k string) { r.Set(ctx, k, "\x02\x00\"v\"", 0) }},
-		{"unknown-flag", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x80\"old\"", 0) }},
-		{"notfound-with-payload", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x01\"old\"", 0) }},
-		{"truncated-json", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x00\"ol", 0) }},
-		{"wrong-json-type", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x00{\"a\":1}", 0) }},
+		{"truncated-header", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x00", 0) }},
+		{"future-version", func(r *redis.Client, k string) { r.Set(ctx, k, "\x02\x00\x00\"v\"", 0) }},
+		{"unknown-required-flag", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x02\x00\"old\"", 0) }},
+		{"metadata-past-end", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x10\x09\"old\"", 0) }},
+		{"notfound-with-payload", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x01\x00\"old\"", 0) }},
+		{"truncated-json", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x00\x00\"ol", 0) }},
+		{"wrong-json-type", func(r *redis.Client, k string) { r.Set(ctx, k, "\x01\x00\x00{\"a\":1}", 0) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -289,7 +293,7 @@ func TestForeignDataAtKey(t *testing.T) {
 	// A valid not-found record is ours: ErrNotFound without a load.
 	t.Run("notfound-record", func(t *testing.T) {
 		p := redistest.Prefix(t, direct)
-		direct.Set(ctx, p+"k", "\x01\x01", time.Minute)
+		direct.Set(ctx, p+"k", "\x01\x01\x00", time.Minute)
 		c := cache.New[string](direct, cache.WithPrefix(p))
 		_, err := c.GetOrLoad(ctx, "k", func(context.Context) (string, error) { t.Error("loader called"); return "", nil })
 		if !errors.Is(err, cache.ErrNotFound) {
@@ -311,8 +315,8 @@ func TestHugeValue(t *testing.T) {
 		t.Errorf("callers: %v, loads=%d; want 10 ok, 1 load", out, src.loads(key))
 	}
 	n := direct.StrLen(context.Background(), key).Val()
-	if n != int64(len(huge))+4 { // header + JSON quotes
-		t.Errorf("STRLEN = %d; want %d", n, len(huge)+4)
+	if n != int64(len(huge))+5 { // 3-byte header + JSON quotes
+		t.Errorf("STRLEN = %d; want %d", n, len(huge)+5)
 	}
 	t.Logf("figures: 8MiB value, 2 procs x 5 callers: loads=%d %v in %v", src.loads(key), out, time.Since(start).Round(time.Millisecond))
 }

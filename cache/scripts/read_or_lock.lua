@@ -10,7 +10,13 @@ local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' and v ~= ARGV[3] then
   return {1, v}
 end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- Already ours: the client resent the script after losing the reply to a
+-- run that took the lock. Without this the holder would wait on itself.
+local holder = redis.call('GET', KEYS[2])
+if holder == ARGV[1] then
+  return {0, 1}
+end
+if not holder and redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {0, 1}
 end
 return {0, 0}
