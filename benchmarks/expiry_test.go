@@ -5,7 +5,6 @@ package benchmarks
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,19 +33,9 @@ func BenchmarkExpiry(b *testing.B) {
 	addr := privateRedis(b)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
-	for _, c := range loaders() {
-		b.Run(c.name, func(b *testing.B) {
-			for _, inst := range expiryInstances {
-				b.Run("inst="+strconv.Itoa(inst), func(b *testing.B) {
-					for _, g := range expiryGoroutines {
-						b.Run("g="+strconv.Itoa(g), func(b *testing.B) {
-							benchExpiry(b, admin, addr, c, inst, g)
-						})
-					}
-				})
-			}
-		})
-	}
+	runShapes(b, expiryInstances, expiryGoroutines, func(b *testing.B, c competitor, inst, g int) {
+		benchExpiry(b, admin, addr, c, inst, g)
+	})
 }
 
 func benchExpiry(b *testing.B, admin *redis.Client, addr string, c competitor, inst, g int) {

@@ -186,3 +186,19 @@ var nonceSeq atomic.Int64
 func nonce() string {
 	return strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatInt(nonceSeq.Add(1), 10)
 }
+
+// runShapes runs fn for every competitor and load shape as the
+// sub-benchmarks <competitor>/inst=I/g=G, the names results are compared by.
+func runShapes(b *testing.B, instances, goroutines []int, fn func(b *testing.B, c competitor, inst, g int)) {
+	for _, c := range loaders() {
+		b.Run(c.name, func(b *testing.B) {
+			for _, inst := range instances {
+				b.Run("inst="+strconv.Itoa(inst), func(b *testing.B) {
+					for _, g := range goroutines {
+						b.Run("g="+strconv.Itoa(g), func(b *testing.B) { fn(b, c, inst, g) })
+					}
+				})
+			}
+		})
+	}
+}

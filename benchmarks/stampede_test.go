@@ -29,19 +29,9 @@ func BenchmarkStampede(b *testing.B) {
 	addr := privateRedis(b)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
-	for _, c := range loaders() {
-		b.Run(c.name, func(b *testing.B) {
-			for _, inst := range stampedeInstances {
-				b.Run("inst="+strconv.Itoa(inst), func(b *testing.B) {
-					for _, g := range stampedeGoroutines {
-						b.Run("g="+strconv.Itoa(g), func(b *testing.B) {
-							benchStampede(b, admin, addr, c, inst, g)
-						})
-					}
-				})
-			}
-		})
-	}
+	runShapes(b, stampedeInstances, stampedeGoroutines, func(b *testing.B, c competitor, inst, g int) {
+		benchStampede(b, admin, addr, c, inst, g)
+	})
 }
 
 func benchStampede(b *testing.B, admin *redis.Client, addr string, c competitor, inst, g int) {
