@@ -5,6 +5,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -133,14 +134,18 @@ func stampede(t *testing.T, caches []*Cache[product], callers int, key string, l
 	return vals, errs
 }
 
-// resendHook runs every command named cmd twice, as go-redis does when the
-// reply to the first run is lost, and keeps the second reply.
-type resendHook struct{ cmd string }
+// isScript matches a script call: EVALSHA, or the EVAL that go-redis falls
+// back to when the server has not loaded the script yet.
+func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
+
+// resendHook runs every script call twice, as go-redis does when the reply
+// to the first run is lost, and keeps the second reply.
+type resendHook struct{}
 
 func (h resendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == h.cmd {
+		if isScript(cmd) {
 			if err := next(ctx, cmd); err != nil {
 				return err
 			}
@@ -149,5 +154,24 @@ func (h resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// lostReplyHook runs every script call and then reports a network error in
+// place of its reply: the script took effect, the client does not know it.
+type lostReplyHook struct{}
+
+func (h lostReplyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h lostReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if isScript(cmd) && err == nil {
+			err = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("reply lost")}
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+func (h lostReplyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }

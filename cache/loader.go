@@ -161,7 +161,11 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		res, err := readOrLockScript.Run(ctx, c.rdb, []string{key, lk.key},
 			lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
 		if err != nil {
-			c.release(ctx, key, lk) // the lock is ours if only the reply was lost
+			// The lock is ours if only the reply was lost. Release it in the
+			// background: on a stalled Redis a second round trip would double
+			// the wait before the failure policy applies. The goroutine ends
+			// with the release, which is bounded like every commit and release.
+			go c.release(ctx, key, lk)
 			return c.redisFailed(ctx, key, err, load)
 		}
 		if res[0].(int64) == 1 {

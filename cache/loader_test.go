@@ -134,7 +134,7 @@ func TestGetOrLoadLostReplyToTheLockScript(t *testing.T) {
 	// read-or-lock script: run it twice and keep the second reply. The lock
 	// taken by the first run is ours, so the load must go ahead at once.
 	rdb, p := setup(t)
-	rdb.AddHook(resendHook{cmd: "evalsha"})
+	rdb.AddHook(resendHook{})
 	c := New[product](rdb, WithLockTTL(5*time.Second), WithRetry(3, 10*time.Millisecond))
 	src := &counter{}
 	start := time.Now()
@@ -143,6 +143,18 @@ func TestGetOrLoadLostReplyToTheLockScript(t *testing.T) {
 	assert.Equal(t, "p1", v.ID)
 	assert.Equal(t, int64(1), src.calls.Load())
 	assert.Less(t, time.Since(start), 2*time.Second, "the holder must not wait on its own lock")
+}
+
+func TestGetOrLoadLockReleasedWhenTheScriptReplyIsLost(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	rdb.AddHook(lostReplyHook{})
+	c := New[product](rdb, WithLockTTL(time.Minute), WithFailurePolicy(FailClosed))
+	_, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+	require.ErrorContains(t, err, "reply lost")
+	// The script did take the lock; others must not wait a whole lease for it.
+	other := redistest.Client(t, redistest.Addr(t))
+	waitFor(t, func() bool { return other.Exists(t.Context(), lockKey(key)).Val() == 0 })
 }
 
 func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
