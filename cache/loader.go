@@ -72,8 +72,11 @@ type result[V any] struct {
 // [ErrNilLoader]; [ErrNotFound] when load (now or within the not-found TTL)
 // returned it; load's own error unchanged (a panic in load becomes an error);
 // [ErrLockNotAcquired] when the retry budget ran out while another process
-// was loading; a Redis error only under [FailClosed]; an encoding error when
-// the codec cannot encode the loaded value (nothing is cached).
+// was loading; an error wrapping context.DeadlineExceeded when the load
+// timeout ended the wait, the loader or a Redis call; a Redis error under
+// [FailClosed]; an encoding error when the codec cannot encode the loaded
+// value (nothing is cached). Errors the cache absorbs instead of returning go
+// to [WithErrorHook].
 func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error)) (V, error) {
 	var zero V
 	if key == "" {
