@@ -32,6 +32,11 @@ var (
 	// values.
 	ErrEmptyKey = errors.New("cache: empty key")
 
+	// ErrReservedKey is returned for a key (prefix included) of the shape
+	// "{...}:stampede:lock:...", which the cache keeps for its load locks
+	// (see [LockKey]), so that a value can never be stored where a lock lives.
+	ErrReservedKey = errors.New("cache: key has the reserved shape of a lock name")
+
 	// ErrNilLoader is returned by [Cache.GetOrLoad] when the loader is nil.
 	ErrNilLoader = errors.New("cache: nil loader")
 )
@@ -88,4 +93,11 @@ func callLoader[V any](ctx context.Context, load func(context.Context) (V, error
 		var zero V
 		return zero, fmt.Errorf("cache: loader still running at the load timeout: %w", ctx.Err())
 	}
+}
+
+func notAcquired(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return errors.Join(ErrLockNotAcquired, err)
+	}
+	return ErrLockNotAcquired
 }

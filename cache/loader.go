@@ -79,13 +79,13 @@ type result[V any] struct {
 // to [WithErrorHook].
 func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error)) (V, error) {
 	var zero V
-	if key == "" {
-		return zero, ErrEmptyKey
+	key, err := c.key(key)
+	if err != nil {
+		return zero, err
 	}
 	if load == nil {
 		return zero, ErrNilLoader
 	}
-	key = c.cfg.prefix + key
 	ch := c.group.DoChan(key, func() (r any, err error) {
 		defer func() { // a panic decoding a hit: an error for the callers, not a crash
 			if p := recover(); p != nil {
@@ -126,22 +126,36 @@ func (c *Cache[V]) value(r *result[V]) (V, error) {
 // for one of them when Delete runs finds its lock gone and writes nothing, so
 // the next read loads fresh data. Keys may be in different cluster slots.
 func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
-	for _, k := range keys {
-		if k == "" {
-			return ErrEmptyKey
+	full := make([]string, len(keys))
+	for i, k := range keys {
+		k, err := c.key(k)
+		if err != nil {
+			return err
 		}
+		full[i] = k
 	}
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, k := range keys {
-			k = c.cfg.prefix + k
-			p.Del(ctx, k, lockKey(k))
+		for _, k := range full {
+			p.Del(ctx, k, LockKey(k))
 		}
 		return nil
 	})
-	for _, k := range keys {
-		c.group.Forget(c.cfg.prefix + k) // later callers must not join a flight that began before the delete
+	for _, k := range full {
+		c.group.Forget(k) // later callers must not join a flight that began before the delete
 	}
 	return err
+}
+
+// key checks a caller's key and returns it with the prefix.
+func (c *Cache[V]) key(k string) (string, error) {
+	if k == "" {
+		return "", ErrEmptyKey
+	}
+	k = c.cfg.prefix + k
+	if isLockName(k) {
+		return "", fmt.Errorf("%w: %q", ErrReservedKey, k)
+	}
+	return k, nil
 }
 
 // fetch is one flight: read, then read-or-lock until a value or the lock.
@@ -159,9 +173,9 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, err, load)
 	}
 
-	lk := &Lock{rdb: c.rdb, key: lockKey(key), token: newToken()}
+	lk := newLoadLock(key)
 	for attempt := 1; ; attempt++ {
-		res, err := readOrLockScript.Run(ctx, c.rdb, []string{key, lk.key},
+		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(),
 			lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
 		if err != nil {
 			// The lock is ours if only the reply was lost. Release it in the
@@ -204,7 +218,7 @@ func (c *Cache[V]) decode(b []byte) *result[V] {
 
 // load runs the loader as the lock holder, with the watchdog extending the
 // lease, and commits the outcome.
-func (c *Cache[V]) load(ctx context.Context, key string, lk *Lock, load func(context.Context) (V, error)) (*result[V], error) {
+func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, load func(context.Context) (V, error)) (*result[V], error) {
 	stop := c.watchdog(ctx, lk)
 	v, err := callLoader(ctx, load)
 	stop()
@@ -261,10 +275,10 @@ func (c *Cache[V]) cleanup(ctx context.Context) (context.Context, context.Cancel
 // commit writes record if the lock is still ours. The loaded value is
 // returned to the callers either way: it is what the source said, only a
 // newer writer (or a Delete) keeps it out of Redis.
-func (c *Cache[V]) commit(ctx context.Context, key string, lk *Lock, record []byte, ttl time.Duration) {
+func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, record []byte, ttl time.Duration) {
 	ctx, cancel := c.cleanup(ctx)
 	defer cancel()
-	n, err := commitScript.Run(ctx, c.rdb, []string{key, lk.key}, lk.token, record, ttl.Milliseconds()).Int()
+	n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds()).Int()
 	switch {
 	case err != nil:
 		c.report(key, fmt.Errorf("cache: store %q: %w", key, err))
@@ -274,10 +288,10 @@ func (c *Cache[V]) commit(ctx context.Context, key string, lk *Lock, record []by
 }
 
 // release gives the lock up; if it is no longer ours there is nothing to do.
-func (c *Cache[V]) release(ctx context.Context, key string, lk *Lock) {
+func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock) {
 	ctx, cancel := c.cleanup(ctx)
 	defer cancel()
-	if err := lk.Release(ctx); err != nil && !errors.Is(err, ErrLockNotHeld) {
+	if err := lk.release(ctx, c.rdb); err != nil && !errors.Is(err, ErrLockNotHeld) {
 		c.report(key, fmt.Errorf("cache: release lock of %q: %w", key, err))
 	}
 }
@@ -290,7 +304,7 @@ func (c *Cache[V]) report(key string, err error) {
 
 // watchdog extends lk every lockTTL/3 until the returned stop is called or
 // the lock turns out to be lost. stop waits for the goroutine to end.
-func (c *Cache[V]) watchdog(ctx context.Context, lk *Lock) (stop func()) {
+func (c *Cache[V]) watchdog(ctx context.Context, lk *loadLock) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -303,7 +317,7 @@ func (c *Cache[V]) watchdog(ctx context.Context, lk *Lock) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if errors.Is(lk.Refresh(ctx, c.cfg.lockTTL), ErrLockNotHeld) {
+				if errors.Is(lk.extend(ctx, c.rdb, c.cfg.lockTTL), ErrLockNotHeld) {
 					return
 				}
 			}

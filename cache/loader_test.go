@@ -154,7 +154,7 @@ func TestGetOrLoadLockReleasedWhenTheScriptReplyIsLost(t *testing.T) {
 	require.ErrorContains(t, err, "reply lost")
 	// The script did take the lock; others must not wait a whole lease for it.
 	other := redistest.Client(t, redistest.Addr(t))
-	waitFor(t, func() bool { return other.Exists(t.Context(), lockKey(key)).Val() == 0 })
+	waitFor(t, func() bool { return other.Exists(t.Context(), LockKey(key)).Val() == 0 })
 }
 
 func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
@@ -182,7 +182,7 @@ func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
 func TestGetOrLoadRetriesExhausted(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
-	require.NoError(t, rdb.Set(t.Context(), lockKey(key), "someone-else", time.Minute).Err())
+	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
 	c := New[product](rdb, WithRetry(3, 50*time.Millisecond))
 	src := &counter{}
 
@@ -202,7 +202,7 @@ func TestGetOrLoadRetriesExhausted(t *testing.T) {
 func TestGetOrLoadNoRetries(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
-	require.NoError(t, rdb.Set(t.Context(), lockKey(key), "someone-else", time.Minute).Err())
+	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
 	_, err := New[product](rdb, WithRetry(0, 0)).GetOrLoad(t.Context(), key, (&counter{}).load)
 	assert.ErrorIs(t, err, ErrLockNotAcquired)
 }
@@ -210,7 +210,7 @@ func TestGetOrLoadNoRetries(t *testing.T) {
 func TestGetOrLoadWaiterSeesAValueWrittenMeanwhile(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
-	require.NoError(t, rdb.Set(t.Context(), lockKey(key), "someone-else", time.Minute).Err())
+	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
 	go func() {
 		time.Sleep(150 * time.Millisecond)
 		rdb.Set(context.Background(), key, encodeRecord(0, []byte(`{"id":"from-other"}`)), time.Minute)
@@ -253,7 +253,7 @@ func TestGetOrLoadLoaderErrorIsReturnedUnchangedAndNotCached(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			n, err := rdb.Exists(t.Context(), key, lockKey(key)).Result()
+			n, err := rdb.Exists(t.Context(), key, LockKey(key)).Result()
 			require.NoError(t, err)
 			assert.Zero(t, n, "after a failed load neither a value nor the lock may remain")
 
@@ -288,7 +288,7 @@ func TestGetOrLoadNotFoundIsCached(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotFound)
 	}
 	assert.Equal(t, int64(3), calls.Load(), "WithNotFoundTTL(0) must not cache not-found")
-	assert.Zero(t, rdb.Exists(t.Context(), p+"absent-uncached", lockKey(p+"absent-uncached")).Val())
+	assert.Zero(t, rdb.Exists(t.Context(), p+"absent-uncached", LockKey(p+"absent-uncached")).Val())
 }
 
 func TestGetOrLoadUnreadableValueIsAMissAndReplaced(t *testing.T) {
@@ -359,7 +359,7 @@ func TestDeleteDuringLoadWins(t *testing.T) {
 	close(release)
 	assert.Equal(t, "stale", (<-done).ID, "the holder's caller still gets what it loaded")
 
-	n, err := rdb.Exists(t.Context(), key, lockKey(key)).Result()
+	n, err := rdb.Exists(t.Context(), key, LockKey(key)).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "a load that began before Delete must not write its stale value")
 
@@ -375,11 +375,11 @@ func TestDeleteKeysAndLocks(t *testing.T) {
 	for _, k := range keys {
 		_, err := c.GetOrLoad(t.Context(), k, (&counter{}).load)
 		require.NoError(t, err)
-		require.NoError(t, rdb.Set(t.Context(), lockKey(k), "x", time.Minute).Err())
+		require.NoError(t, rdb.Set(t.Context(), LockKey(k), "x", time.Minute).Err())
 	}
 	require.NoError(t, c.Delete(t.Context(), keys...))
 	for _, k := range keys {
-		assert.Zero(t, rdb.Exists(t.Context(), k, lockKey(k)).Val(), "key %q or its lock survived Delete", k)
+		assert.Zero(t, rdb.Exists(t.Context(), k, LockKey(k)).Val(), "key %q or its lock survived Delete", k)
 	}
 	assert.ErrorIs(t, c.Delete(t.Context(), p+"a", ""), ErrEmptyKey)
 }
@@ -432,7 +432,7 @@ func TestGetOrLoadLoadTimeoutAbandonsALoaderThatIgnoresIt(t *testing.T) {
 	_, err := c.GetOrLoad(t.Context(), key, ignoring) // no deadline of its own
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), 3*time.Second, "the load timeout must end the flight")
-	assert.Zero(t, rdb.Exists(t.Context(), key, lockKey(key)).Val(), "the lock must be released, nothing stored")
+	assert.Zero(t, rdb.Exists(t.Context(), key, LockKey(key)).Val(), "the lock must be released, nothing stored")
 
 	// The key is not poisoned: the next caller in this process loads afresh.
 	v, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
@@ -466,7 +466,7 @@ func TestGetOrLoadCodecPanicIsAnError(t *testing.T) {
 	_, err := c.GetOrLoad(t.Context(), p+"k", (&counter{}).load)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cache: codec panicked: codec broke")
-	assert.Zero(t, rdb.Exists(t.Context(), p+"k", lockKey(p+"k")).Val())
+	assert.Zero(t, rdb.Exists(t.Context(), p+"k", LockKey(p+"k")).Val())
 
 	// Decoding a hit: an error for the caller, not a crash of the process.
 	require.NoError(t, rdb.Set(t.Context(), p+"hit", encodeRecord(0, []byte(`{}`)), time.Minute).Err())
@@ -534,7 +534,7 @@ func TestGetOrLoadBadInput(t *testing.T) {
 	_, err = fc.GetOrLoad(t.Context(), p+"func", func(context.Context) (func(), error) { return func() {}, nil })
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cache: encode value")
-	assert.Zero(t, rdb.Exists(t.Context(), p+"func", lockKey(p+"func")).Val())
+	assert.Zero(t, rdb.Exists(t.Context(), p+"func", LockKey(p+"func")).Val())
 }
 
 func TestGetOrLoadPrefixAndTTL(t *testing.T) {

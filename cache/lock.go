@@ -10,9 +10,6 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"errors"
-	"strconv"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -100,13 +97,6 @@ func ownerChecked(cmd *redis.Cmd) error {
 	return nil
 }
 
-func notAcquired(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return errors.Join(ErrLockNotAcquired, err)
-	}
-	return ErrLockNotAcquired
-}
-
 // newToken returns 128 random bits, hex-encoded.
 func newToken() string {
 	var b [16]byte
@@ -114,69 +104,3 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// lockKey names the load lock of a value key so that both hash to the same
-// Redis Cluster slot, which the scripts need. A key with a hash tag keeps it;
-// any other key becomes the tag ("{key}:lock"). A key that has no tag but
-// holds a '}' cannot be a tag, so its lock is tagged with a short string from
-// the same slot instead ("{T}:lock:key").
-func lockKey(key string) string {
-	if hasHashTag(key) {
-		return key + ":lock"
-	}
-	if !strings.Contains(key, "}") {
-		return "{" + key + "}:lock"
-	}
-	return "{" + slotTags()[crc16(key)%slots] + "}:lock:" + key
-}
-
-const slots = 16384
-
-// slotTags maps each cluster slot to a short string that hashes to it, built
-// once on first use (109,758 decimal strings are hashed before every slot
-// has one).
-var slotTags = sync.OnceValue(func() []string {
-	tags := make([]string, slots)
-	for n, left := 0, slots; left > 0; n++ {
-		t := strconv.Itoa(n)
-		if s := crc16(t) % slots; tags[s] == "" {
-			tags[s] = t
-			left--
-		}
-	}
-	return tags
-})
-
-// hasHashTag reports whether Redis Cluster hashes only part of key: the text
-// between the first '{' and the next '}', when not empty.
-func hasHashTag(key string) bool {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return false
-	}
-	close := strings.IndexByte(key[open+1:], '}')
-	return close > 0
-}
-
-// crc16 is CRC-16/XMODEM, the hash of Redis Cluster key slots.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
-	}
-	return crc
-}
-
-var crcTable = func() (t [256]uint16) {
-	for i := range t {
-		crc := uint16(i) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-		t[i] = crc
-	}
-	return t
-}()

@@ -4,12 +4,9 @@ package cache
 
 import (
 	"context"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -80,40 +77,6 @@ func TestObtainBadInput(t *testing.T) {
 	assert.Panics(t, func() { _, _ = Obtain(t.Context(), rdb, "k", WithLockTTL(0)) })
 }
 
-func TestLockKeyIsInTheValueKeySlot(t *testing.T) {
-	for _, key := range []string{
-		"product:42", "{user:7}:profile", "a{b", "a}b", "{}x", "}{", "x{}y{z}",
-		"{", "}", "tag{a}b}", "sp ace\n\x00bin", strings.Repeat("k", 10000), strings.Repeat("}", 100000),
-	} {
-		lk := lockKey(key)
-		if lk == key {
-			t.Errorf("lockKey(%q) = the key itself", key)
-		}
-		if got, want := slot(lk), slot(key); got != want {
-			t.Errorf("lockKey(%q) = %q in slot %d; want the key's slot %d", key, lk, got, want)
-		}
-	}
-	assert.Equal(t, "{product:42}:lock", lockKey("product:42"))
-	assert.Equal(t, "{user:7}:profile:lock", lockKey("{user:7}:profile"))
-}
-
-// slot is Redis Cluster's key slot, written from the spec independently of
-// hasHashTag.
-func slot(key string) uint16 {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	return crc16(key) % 16384
-}
-
-func TestCRC16MatchesRedis(t *testing.T) {
-	// Values from the Redis Cluster specification and CLUSTER KEYSLOT.
-	assert.Equal(t, uint16(0x31C3), crc16("123456789"))
-	assert.Equal(t, uint16(12182), crc16("foo")%16384)
-}
-
 func TestTokensAreRandom(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
@@ -121,20 +84,5 @@ func TestTokensAreRandom(t *testing.T) {
 		require.Len(t, tok, 32)
 		require.False(t, seen[tok], "token repeated")
 		seen[tok] = true
-	}
-}
-
-func TestLockKeyMatchesRedisKeySlot(t *testing.T) {
-	// A cluster-enabled server answers CLUSTER KEYSLOT even before it has slots.
-	srv := redistest.NewServer(t, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
-	rdb := redistest.Client(t, srv.Addr)
-	for _, key := range []string{"product:42", "{user:7}:profile", "a{b", "a}b", "{}x", "}{", "x{}y{z}", "sp ace\n\x00bin"} {
-		want, err := rdb.ClusterKeySlot(t.Context(), key).Result()
-		require.NoError(t, err)
-		got, err := rdb.ClusterKeySlot(t.Context(), lockKey(key)).Result()
-		require.NoError(t, err)
-		if got != want {
-			t.Errorf("Redis puts lock %q in slot %d; want the slot of %q, %d", lockKey(key), got, key, want)
-		}
 	}
 }

@@ -234,7 +234,7 @@ func eventually(tb testing.TB, within time.Duration, what string, cond func() bo
 
 // lockKeyOf mirrors cache/lock.go for keys without braces: the load lock of
 // key is "{key}:lock", so both land in one cluster slot.
-func lockKeyOf(key string) string { return "{" + key + "}:lock" }
+func lockKeyOf(key string) string { return cache.LockKey(key) }
 
 // stored reads the codec bytes the cache wrote at key (after the two header
 // bytes), or "" when the key is absent.

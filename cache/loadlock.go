@@ -1,0 +1,42 @@
+// loadlock.go is the load lock GetOrLoad takes on a miss. Every script that
+// touches it names the value key first, so that a redis.Ring (which routes a
+// script by its first key) keeps the value and its lock on one shard.
+
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/unlock.lua
+	unlockLua    string
+	unlockScript = redis.NewScript(unlockLua)
+)
+
+// loadLock is one attempt's claim on a key's load lock.
+type loadLock struct {
+	key   string // the value key
+	lock  string // LockKey(key)
+	token string
+}
+
+func newLoadLock(key string) *loadLock {
+	return &loadLock{key: key, lock: LockKey(key), token: newToken()}
+}
+
+func (l *loadLock) keys() []string { return []string{l.key, l.lock} }
+
+// release gives the lock up; [ErrLockNotHeld] if it is no longer ours.
+func (l *loadLock) release(ctx context.Context, rdb redis.Scripter) error {
+	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, ""))
+}
+
+// extend sets the lease to ttl from now; [ErrLockNotHeld] if it is no longer ours.
+func (l *loadLock) extend(ctx context.Context, rdb redis.Scripter, ttl time.Duration) error {
+	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, ttl.Milliseconds()))
+}
