@@ -1,7 +1,11 @@
 // Package redistest finds or starts the real Redis that the tests of this
-// module run against: REDIS_ADDR if set, else a container through
-// testcontainers-go where a Docker engine runs, else a redis-server from PATH
-// started on a free loopback port.
+// repository run against: REDIS_ADDR if set, else a redis:7 container
+// started with the docker CLI where a Docker engine answers, else a
+// redis-server from PATH started on a free loopback port.
+//
+// It uses the docker CLI rather than testcontainers-go on purpose: this
+// package is in the root module, and every requirement of that module lands
+// in the go.sum of a project that imports the cache package.
 package redistest
 
 import (
@@ -20,12 +24,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/testcontainers/testcontainers-go"
-	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
 )
 
 const howToGetOne = "no Redis for the tests: set REDIS_ADDR=host:port, start a Docker engine " +
-	"(testcontainers-go), or install redis-server (Debian: apt-get install redis-server)"
+	"(the tests run redis:7 with the docker CLI), or put redis-server on PATH " +
+	"(Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)"
 
 var shared struct {
 	once sync.Once
@@ -72,43 +75,66 @@ func find() (string, func(), error) {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		return addr, nil, ping(addr, 5*time.Second)
 	}
-	if addr, stop, err := container(); err == nil {
+	addr, stop, cerr := container()
+	if cerr == nil {
 		return addr, stop, nil
 	}
 	s, err := StartServer()
 	if err != nil {
-		return "", nil, fmt.Errorf("%s (%v)", howToGetOne, err)
+		return "", nil, fmt.Errorf("%s (docker: %v; redis-server: %v)", howToGetOne, cerr, err)
 	}
 	return s.Addr, s.Stop, nil
 }
 
-// container starts Redis with testcontainers-go; it fails fast without Docker.
+// image is the Redis image started when a Docker engine runs.
+const image = "redis:7"
+
+// container starts Redis in a Docker container through the docker CLI, only
+// when `docker info` answers quickly, so a machine without an engine falls
+// through to redis-server at once. The container publishes its port on a
+// free loopback port and is removed by the returned stop function (and by
+// Docker when it stops: --rm).
 func container() (string, func(), error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	docker, err := exec.LookPath("docker")
+	if err != nil {
+		return "", nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err = exec.CommandContext(ctx, docker, "info").Run()
+	cancel()
+	if err != nil {
+		return "", nil, fmt.Errorf("docker info: %w", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Minute) // may pull the image
 	defer cancel()
-	c, err := tcredis.Run(ctx, "redis:7-alpine", testcontainers.WithLogger(quietLogger{}))
+	out, err := exec.CommandContext(ctx, docker, "run", "-d", "--rm",
+		"--label", "org.stampede-go.redistest=1", "-p", "127.0.0.1::6379", image,
+		"redis-server", "--save", "", "--appendonly", "no").Output()
 	if err != nil {
-		if c != nil {
-			_ = c.Terminate(context.Background())
-		}
+		return "", nil, fmt.Errorf("docker run %s: %w%s", image, err, stderrOf(err))
+	}
+	id := strings.TrimSpace(string(out))
+	stop := func() { _ = exec.Command(docker, "rm", "-f", id).Run() }
+	out, err = exec.CommandContext(ctx, docker, "port", id, "6379/tcp").Output()
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("docker port: %w%s", err, stderrOf(err))
+	}
+	addr, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n") // "127.0.0.1:49153"
+	if err := ping(addr, 30*time.Second); err != nil {
+		stop()
 		return "", nil, err
 	}
-	uri, err := c.ConnectionString(ctx)
-	if err != nil {
-		_ = c.Terminate(context.Background())
-		return "", nil, err
-	}
-	opt, err := redis.ParseURL(uri)
-	if err != nil {
-		_ = c.Terminate(context.Background())
-		return "", nil, err
-	}
-	return opt.Addr, func() { _ = c.Terminate(context.Background()) }, nil
+	return addr, stop, nil
 }
 
-type quietLogger struct{}
-
-func (quietLogger) Printf(string, ...any) {}
+func stderrOf(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		return ": " + strings.TrimSpace(string(ee.Stderr))
+	}
+	return ""
+}
 
 // Server is a redis-server process this package started; tests may kill,
 // freeze or restart it.
@@ -256,15 +282,17 @@ func Prefix(tb testing.TB, rdb redis.UniversalClient) string {
 	return p
 }
 
-// DeletePrefix deletes every key that starts with prefix, including lock keys
-// that wrap it in a hash tag.
+// DeletePrefix deletes every key that starts with prefix, and the load locks
+// of those keys: "{T}:stampede:lock:" followed by the value key (see
+// cache.LockKey), and the older "{prefix...}:lock" shape.
 func DeletePrefix(rdb redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, pattern := range []string{prefix + "*", "{" + prefix + "*"} {
+	p := escape(prefix)
+	for _, pattern := range []string{p + "*", "{" + p + "*", "{*}:stampede:lock:" + p + "*"} {
 		var keys []string
 		err := forEachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
-			iter := c.Scan(ctx, 0, escape(pattern), 1000).Iterator()
+			iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
 			for iter.Next(ctx) {
 				keys = append(keys, iter.Val())
 			}
@@ -295,10 +323,7 @@ func forEachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(conte
 	}
 }
 
-// escape quotes the glob characters Redis MATCH understands, except the
-// trailing '*'.
-func escape(pattern string) string {
-	body := strings.TrimSuffix(pattern, "*")
-	r := strings.NewReplacer(`\`, `\\`, "?", `\?`, "[", `\[`, "]", `\]`, "*", `\*`)
-	return r.Replace(body) + "*"
+// escape quotes the glob characters Redis MATCH understands.
+func escape(s string) string {
+	return strings.NewReplacer(`\`, `\\`, "?", `\?`, "[", `\[`, "]", `\]`, "*", `\*`).Replace(s)
 }
