@@ -1,5 +1,5 @@
 // harness_test.go holds the suite's shared pieces: TestMain with the leak
-// check, simulated processes (one Redis client and one Cache each), a
+// check (and the child mode of process_test.go), simulated processes (one Redis client and one Cache each), a
 // counting loader, an in-process toxiproxy and small wait helpers.
 package reliability_test
 
@@ -24,6 +24,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(childModeEnv); mode != "" {
+		os.Exit(runChild(mode)) // a re-executed test binary: see process_test.go
+	}
 	code := m.Run()
 	redistest.Stop()
 	if code == 0 {
@@ -40,6 +43,15 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// skipUntilFixed skips a test that proves a bug of issue 8 whose fix is not
+// on main yet, unless STAMPEDE_SHOW_BUGS is set: run with it to see the bug.
+func skipUntilFixed(t *testing.T, item string) {
+	t.Helper()
+	if os.Getenv("STAMPEDE_SHOW_BUGS") == "" {
+		t.Skipf("issue 8 item %s not fixed on main yet; STAMPEDE_SHOW_BUGS=1 shows the bug", item)
+	}
 }
 
 // newClient returns a standalone client of addr, closed when the test ends.

@@ -1,0 +1,334 @@
+// invalidation_test.go checks the guarantee of Delete across instances and
+// OS processes (issue 8 item 1): a GetOrLoad that starts after Delete
+// returns, in any process, never sees the value that Delete removed. The
+// source of truth is versioned; it is bumped to v2 just before the Delete,
+// and every read that began after the Delete returned and got v1 is a stale
+// read.
+package reliability_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/redistest"
+)
+
+// versioned is a source of truth whose value changes: a load reads the
+// version when it starts and answers after delay, as a slow query does.
+type versioned struct {
+	ver     atomic.Int64
+	loads   atomic.Int64
+	delay   time.Duration
+	started chan int // receives the instance of each load as it starts, if there is room
+}
+
+func newVersioned(delay time.Duration) *versioned {
+	s := &versioned{delay: delay, started: make(chan int, 1)}
+	s.ver.Store(1)
+	return s
+}
+
+// loader is the loader instance inst passes to GetOrLoad.
+func (s *versioned) loader(inst int) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		s.loads.Add(1)
+		v := s.ver.Load()
+		select {
+		case s.started <- inst:
+		default:
+		}
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+		return "v" + strconv.FormatInt(v, 10), nil
+	}
+}
+
+// staleCount counts the reads of one round.
+type staleCount struct {
+	reads, after, stale, errs atomic.Int64
+	mu                        sync.Mutex // protects late and firstErr
+	late                      time.Duration
+	firstErr                  error
+}
+
+// count records one read; after says whether it began after Delete
+// returned, late how long after.
+func (s *staleCount) count(after bool, v string, err error, late time.Duration) {
+	s.reads.Add(1)
+	if after {
+		s.after.Add(1)
+	}
+	switch {
+	case err != nil:
+		s.errs.Add(1)
+		s.mu.Lock()
+		if s.firstErr == nil {
+			s.firstErr = err
+		}
+		s.mu.Unlock()
+	case after && v == "v1":
+		s.stale.Add(1)
+		s.mu.Lock()
+		s.late = max(s.late, late)
+		s.mu.Unlock()
+	}
+}
+
+func (s *staleCount) add(o *staleCount) {
+	s.reads.Add(o.reads.Load())
+	s.after.Add(o.after.Load())
+	s.stale.Add(o.stale.Load())
+	s.errs.Add(o.errs.Load())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.late = max(s.late, o.late)
+	if s.firstErr == nil {
+		s.firstErr = o.firstErr
+	}
+}
+
+// TestDeleteInAnotherInstance starts reads on 3 instances (each its own
+// client, singleflight group and pool) every 2ms while instance B deletes
+// the key, in two shapes: while the first v1 load is still running
+// ("during-load": the holder's fenced commit writes nothing, but its flight
+// still answers), and once v1 is cached and read by every instance
+// ("after-commit"). No read that starts after Delete returned may get v1.
+func TestDeleteInAnotherInstance(t *testing.T) {
+	skipUntilFixed(t, "1")
+	for _, shape := range []string{"during-load", "after-commit"} {
+		t.Run(shape, func(t *testing.T) {
+			addr := redistest.Addr(t)
+			direct := newClient(t, addr, nil)
+			p := redistest.Prefix(t, direct)
+			const instances, rounds = 3, 10
+			const delay, tick = 150 * time.Millisecond, 2 * time.Millisecond
+			cs := procs(t, instances, addr, nil, cache.WithRetry(400, 10*time.Millisecond))
+			var total staleCount
+			for r := range rounds {
+				key := p + "k" + strconv.Itoa(r)
+				src := newVersioned(delay)
+				var (
+					deleted   atomic.Bool
+					deletedAt time.Time // written before deleted is set
+					stop      atomic.Bool
+					wg        sync.WaitGroup
+					round     staleCount
+				)
+				for i, c := range cs {
+					wg.Go(func() { // an open-loop client: a new read every tick, whatever the others do
+						for !stop.Load() {
+							after := deleted.Load()
+							wg.Go(func() {
+								begun := time.Now()
+								v, err := c.GetOrLoad(context.Background(), key, src.loader(i))
+								var late time.Duration
+								if after { // deletedAt is set before deleted
+									late = begun.Sub(deletedAt)
+								}
+								round.count(after, v, err, late)
+							})
+							time.Sleep(tick)
+						}
+					})
+				}
+				holder := <-src.started // the first v1 load is running
+				if shape == "after-commit" {
+					eventually(t, 5*time.Second, "v1 cached", func() bool { return stored(t, direct, key) == `"v1"` })
+					time.Sleep(20 * time.Millisecond) // every instance reads the hit
+				} else {
+					time.Sleep(delay / 3)
+				}
+				src.ver.Store(2)
+				deleter := cs[(holder+1)%instances] // another instance than the loader's
+				if err := deleter.Delete(context.Background(), key); err != nil {
+					t.Fatalf("Delete: %v", err)
+				}
+				deletedAt = time.Now()
+				deleted.Store(true)
+				time.Sleep(2*delay + 200*time.Millisecond) // the v1 flight ends, v2 is loaded and read
+				stop.Store(true)
+				wg.Wait()
+				if got := stored(t, direct, key); got != `"v2"` {
+					t.Errorf("round %d: stored %s after the Delete; want %q", r, got, `"v2"`)
+				}
+				total.add(&round)
+			}
+			if n := total.stale.Load(); n != 0 {
+				t.Errorf("%d of %d reads that began after Delete returned got v1 (the deleted value), up to %v after it",
+					n, total.after.Load(), total.late.Round(time.Millisecond))
+			}
+			if n := total.errs.Load(); n != 0 {
+				t.Errorf("%d reads failed; first: %v", n, total.firstErr)
+			}
+			if total.after.Load() < rounds {
+				t.Errorf("only %d reads began after the Deletes; the test proves nothing", total.after.Load())
+			}
+			t.Logf("figures: %s, %d rounds, %d instances each starting a read every %v, load %v: %d reads, %d began after Delete returned, %d stale (latest %v after the Delete), %d errors",
+				shape, rounds, instances, tick, delay, total.reads.Load(), total.after.Load(), total.stale.Load(),
+				total.late.Round(time.Millisecond), total.errs.Load())
+		})
+	}
+}
+
+// TestDeleteInAnotherProcess is the same guarantee with real OS processes:
+// three children of the test binary read the key in a loop, the test
+// process deletes it while a child loads v1, and tells the children through
+// Redis: a child checks the flag before each read, so a read that saw the
+// flag began after Delete returned.
+func TestDeleteInAnotherProcess(t *testing.T) {
+	skipUntilFixed(t, "1")
+	addr := redistest.Addr(t)
+	direct := newClient(t, addr, nil)
+	p := redistest.Prefix(t, direct)
+	ctx := context.Background()
+	const children, rounds = 3, 6
+	const delay, tick = 200 * time.Millisecond, 2 * time.Millisecond
+	var kids []*child
+	for range children {
+		kids = append(kids, startChild(t, "reader", map[string]string{
+			"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds),
+			"TICK": tick.String(), "DELAY": delay.String(),
+		}))
+	}
+	deleter := cache.New[string](direct)
+	var reads, after, stale, errs int64
+	var late time.Duration
+	for r := range rounds {
+		rk := func(what string) string { return p + what + ":" + strconv.Itoa(r) }
+		key := p + "k" + strconv.Itoa(r)
+		if err := direct.Set(ctx, rk("src"), "1", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range kids {
+			k.expect(t, "ready", 30*time.Second)
+		}
+		for _, k := range kids {
+			k.send(t, "go")
+		}
+		eventually(t, 10*time.Second, "a child loads v1", func() bool {
+			n, _ := direct.Get(ctx, rk("loads")).Int()
+			return n >= 1
+		})
+		time.Sleep(delay / 3)
+		if err := direct.Set(ctx, rk("src"), "2", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := deleter.Delete(ctx, key); err != nil {
+			t.Fatalf("Delete: %v", err)
+		}
+		if err := direct.Set(ctx, rk("deleted"), time.Now().UnixNano(), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2*delay + 300*time.Millisecond)
+		if err := direct.Set(ctx, rk("stop"), 1, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i, k := range kids {
+			var rr, n, ra, rs, re int64
+			var lateNs int64
+			var first string
+			line := k.expect(t, "done", 30*time.Second)
+			if _, err := fmt.Sscan(line, &rr, &n, &ra, &rs, &re, &lateNs); err != nil || rr != int64(r) {
+				t.Fatalf("child %d: done %q: %v", i, line, err)
+			}
+			if _, rest, ok := strings.Cut(line, "|"); ok {
+				first = rest
+			}
+			if re != 0 {
+				t.Errorf("child %d round %d: %d reads failed; first: %s", i, r, re, first)
+			}
+			reads, after, stale, errs = reads+n, after+ra, stale+rs, errs+re
+			late = max(late, time.Duration(lateNs))
+		}
+		if got := stored(t, direct, key); got != `"v2"` {
+			t.Errorf("round %d: stored %s after the Delete; want %q", r, got, `"v2"`)
+		}
+	}
+	if stale != 0 {
+		t.Errorf("%d of %d reads in other processes that began after Delete returned got v1, up to %v after it",
+			stale, after, late.Round(time.Millisecond))
+	}
+	if after < rounds {
+		t.Errorf("only %d reads began after the Deletes; the test proves nothing", after)
+	}
+	t.Logf("figures: %d rounds, %d processes each starting a read every %v, load %v: %d reads, %d began after Delete returned, %d stale (latest %v after the Delete), %d errors",
+		rounds, children, tick, delay, reads, after, stale, late.Round(time.Millisecond), errs)
+}
+
+// runReaderChild is the child of TestDeleteInAnotherProcess. For each round
+// it says "ready <round>", waits for a line, then starts a read of
+// PREFIX+k<round> every TICK until PREFIX+stop:<round> exists, with a loader
+// that reads the version at PREFIX+src:<round>. It says
+// "done <round> <reads> <after> <stale> <errors> <latest stale ns> |<first error>".
+func runReaderChild(env func(string) string) int {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS")})
+	defer rdb.Close()
+	c := cache.New[string](rdb, cache.WithRetry(400, 10*time.Millisecond))
+	p := env("PREFIX")
+	rounds, _ := strconv.Atoi(env("ROUNDS"))
+	tick, _ := time.ParseDuration(env("TICK"))
+	delay, _ := time.ParseDuration(env("DELAY"))
+	in := bufio.NewReader(os.Stdin)
+	for r := range rounds {
+		rk := func(what string) string { return p + what + ":" + strconv.Itoa(r) }
+		key := p + "k" + strconv.Itoa(r)
+		fmt.Println("ready", r)
+		if _, err := in.ReadString('\n'); err != nil {
+			return 2
+		}
+		load := func(ctx context.Context) (string, error) {
+			rdb.Incr(ctx, rk("loads"))
+			ver, err := rdb.Get(ctx, rk("src")).Result()
+			if err != nil {
+				return "", err
+			}
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+			return "v" + ver, nil
+		}
+		var (
+			round staleCount
+			wg    sync.WaitGroup
+		)
+		for { // an open-loop client: a new read every tick
+			st, err := rdb.MGet(ctx, rk("deleted"), rk("stop")).Result()
+			if err != nil || st[1] != nil {
+				break
+			}
+			wg.Go(func() {
+				v, err := c.GetOrLoad(ctx, key, load)
+				var at int64
+				if st[0] != nil {
+					at, _ = strconv.ParseInt(st[0].(string), 10, 64)
+				}
+				round.count(st[0] != nil, v, err, time.Duration(time.Now().UnixNano()-at))
+			})
+			time.Sleep(tick)
+		}
+		wg.Wait()
+		first := ""
+		if round.firstErr != nil {
+			first = strings.ReplaceAll(round.firstErr.Error(), "\n", " ")
+		}
+		fmt.Println("done", r, round.reads.Load(), round.after.Load(), round.stale.Load(), round.errs.Load(), int64(round.late), "|"+first)
+	}
+	return 0
+}
