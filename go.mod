@@ -3,7 +3,7 @@ module github.com/stampede-go/stampede
 go 1.25.0
 
 require (
-	github.com/redis/go-redis/v9 v9.7.3
+	github.com/redis/go-redis/v9 v9.5.5
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.10.0
