@@ -1,0 +1,165 @@
+// migration_test.go moves a Redis Cluster slot from one master to another
+// (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE), as
+// redis-cli --cluster reshard does, in the middle of a stampede on keys of
+// that slot (issue 8 item 3). While a slot migrates, a script or a DEL over
+// keys of which some are missing gets TRYAGAIN: the cache must wait that out,
+// not treat it as an outage.
+package reliability_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stampede-go/stampede/cache"
+)
+
+// owner is the index of the master that serves slot s in a cluster built by
+// startCluster (slots split evenly, in order).
+func (c *cluster) owner(s uint16, masters int) int {
+	for i := range masters {
+		if int(s) >= i*16384/masters && int(s) <= (i+1)*16384/masters-1 {
+			return i
+		}
+	}
+	panic("slot out of range")
+}
+
+func TestClusterSlotMigrationDuringStampede(t *testing.T) {
+	skipUntilFixed(t, "3")
+	const masters = 3
+	cl := startCluster(t, masters)
+	ctx := context.Background()
+	admin := cl.client(t)
+	// Every key of the test is in one slot: the tag is the test's own.
+	tag := "{mig" + strconv.FormatInt(time.Now().UnixNano(), 36) + "}"
+	s := slot(tag)
+	from := cl.owner(s, masters)
+	to := (from + 1) % masters
+	const nkeys, ndeletes, instances, callers = 25, 21, 3, 4
+	const loadFor = 600 * time.Millisecond
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = tag + ":k" + strconv.Itoa(i)
+	}
+	opts := []cache.Option{cache.WithRetry(500, 20*time.Millisecond)} // FailOpen, the default
+	cs := make([]*cache.Cache[string], instances)
+	for i := range cs {
+		cs[i] = cache.New[string](cl.client(t), opts...)
+	}
+	// Values cached before the migration, deleted during it.
+	dels := make([]string, ndeletes)
+	for i := range dels {
+		dels[i] = tag + ":d" + strconv.Itoa(i)
+		if _, err := cs[0].GetOrLoad(ctx, dels[i], func(context.Context) (string, error) { return "old", nil }); err != nil {
+			t.Fatalf("GetOrLoad(%q) before the migration: %v", dels[i], err)
+		}
+	}
+
+	src := newSource(loadFor)
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		all outcome
+	)
+	for _, k := range keys {
+		wg.Go(func() {
+			out := stampede(t, cs, callers, k, "v:"+k, src.loader(k, "v:"+k))
+			mu.Lock()
+			defer mu.Unlock()
+			all.ok += out.ok
+			for e, n := range out.errs {
+				if all.errs == nil {
+					all.errs = map[string]int{}
+				}
+				all.errs[e] += n
+			}
+		})
+	}
+	// Every key has a holder (its lock is on the source master) before the
+	// slot starts to move.
+	eventually(t, 10*time.Second, "a load started for every key", func() bool { return src.total.Load() >= nkeys })
+
+	do := func(node int, args ...any) {
+		t.Helper()
+		if err := cl.rdbs[node].Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("node %d: %v: %v", node, args, err)
+		}
+	}
+	began := time.Now()
+	do(to, "CLUSTER", "SETSLOT", s, "IMPORTING", cl.ids[from])
+	do(from, "CLUSTER", "SETSLOT", s, "MIGRATING", cl.ids[to])
+
+	// Deletes of cached keys while the slot is half moved.
+	var delErrs atomic.Int64
+	var firstDelErr atomic.Value
+	var dwg sync.WaitGroup
+	dwg.Go(func() {
+		for _, k := range dels {
+			if err := cs[1].Delete(ctx, k); err != nil {
+				delErrs.Add(1)
+				firstDelErr.CompareAndSwap(nil, err.Error())
+			}
+			time.Sleep(40 * time.Millisecond)
+		}
+	})
+	// Move the keys a few at a time (values, locks, whatever is there), so
+	// that for a while some keys of the slot are on each side.
+	migrated := 0
+	for range 8 {
+		ks, err := cl.rdbs[from].ClusterGetKeysInSlot(ctx, int(s), 8).Result()
+		if err != nil {
+			t.Fatalf("GETKEYSINSLOT: %v", err)
+		}
+		if len(ks) > 0 {
+			args := []any{"MIGRATE", "127.0.0.1", cl.nodes[to].Port, "", 0, 5000, "KEYS"}
+			for _, k := range ks {
+				args = append(args, k)
+			}
+			do(from, args...)
+			migrated += len(ks)
+		}
+		time.Sleep(120 * time.Millisecond)
+	}
+	dwg.Wait()
+	for _, node := range []int{to, from, (to + 1) % masters} {
+		do(node, "CLUSTER", "SETSLOT", s, "NODE", cl.ids[to])
+	}
+	window := time.Since(began)
+	wg.Wait()
+
+	if all.ok != nkeys*instances*callers {
+		t.Errorf("callers: %v; want all %d ok", &all, nkeys*instances*callers)
+	}
+	if n := src.total.Load(); n != nkeys {
+		for _, k := range keys {
+			if got := src.loads(k); got != 1 {
+				t.Logf("loads(%q) = %d", k, got)
+			}
+		}
+		t.Errorf("loads = %d; want %d, one per key (a migrating slot is no outage)", n, nkeys)
+	}
+	if n := delErrs.Load(); n != 0 {
+		t.Errorf("%d of %d Deletes during the migration failed; first: %v", n, ndeletes, firstDelErr.Load())
+	}
+	for _, k := range dels {
+		if n := admin.Exists(ctx, k, cache.LockKey(k)).Val(); n != 0 {
+			t.Errorf("after the migration, %q or its lock still exists", k)
+		}
+	}
+	cached := 0
+	for _, k := range keys {
+		if stored(t, admin, k) == `"v:`+k+`"` {
+			cached++
+		}
+	}
+	if cached != nkeys {
+		t.Errorf("%d of %d loaded values are cached after the migration; want all", cached, nkeys)
+	}
+	t.Logf("figures: slot %d moved from master %d to %d in %v (%d keys MIGRATEd) during a stampede on %d keys, %d instances x %d callers each, load %v, FailOpen: loads=%d (want %d), %v; Deletes during the migration: %d of %d failed; %d of %d values cached after",
+		s, from, to, window.Round(time.Millisecond), migrated, nkeys, instances, callers, loadFor, src.total.Load(), nkeys, &all,
+		delErrs.Load(), ndeletes, cached, nkeys)
+}
