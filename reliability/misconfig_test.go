@@ -1,0 +1,207 @@
+// misconfig_test.go checks what FailOpen must not hide and what an outage
+// may cost (issue 8 item 6): a Redis that answers "no" (wrong or missing
+// password, a user without permission, a command renamed away) is a
+// misconfiguration, returned under every policy; a Redis that does not answer
+// at all opens the circuit breaker, so that calls stop paying for it.
+package reliability_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/redistest"
+)
+
+var policies = []struct {
+	name string
+	p    cache.FailurePolicy
+}{{"FailOpen", cache.FailOpen}, {"FailClosed", cache.FailClosed}}
+
+func TestMisconfigurationIsAnError(t *testing.T) {
+	skipUntilFixed(t, "6")
+	ctx := context.Background()
+	withPassword := redistest.NewServer(t)
+	// Set after the start: redistest pings the server without a password.
+	if err := newClient(t, withPassword.Addr, nil).ConfigSet(ctx, "requirepass", "s3cret").Err(); err != nil {
+		t.Fatalf("CONFIG SET requirepass: %v", err)
+	}
+	acl := redistest.NewServer(t)
+	admin := newClient(t, acl.Addr, nil)
+	for _, user := range [][]any{
+		{"ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "+@all", "-@scripting"}, // GET works, EVALSHA does not
+		{"ACL", "SETUSER", "otherkeys", "on", ">pw", "~other:*", "+@all"},          // no access to the cache's keys
+	} {
+		if err := admin.Do(ctx, user...).Err(); err != nil {
+			t.Fatalf("%v: %v", user, err)
+		}
+	}
+	noScripts := redistest.NewServer(t, "--rename-command", "EVALSHA", "", "--rename-command", "EVAL", "")
+	cases := []struct {
+		name, addr string
+		tune       func(*redis.Options)
+		want       string // in the error
+	}{
+		{"wrong-password", withPassword.Addr, func(o *redis.Options) { o.Password = "wrong" }, "WRONGPASS"},
+		{"no-password", withPassword.Addr, nil, "NOAUTH"},
+		{"user-without-scripting", acl.Addr, func(o *redis.Options) { o.Username, o.Password = "noscripts", "pw" }, "NOPERM"},
+		{"user-without-key-access", acl.Addr, func(o *redis.Options) { o.Username, o.Password = "otherkeys", "pw" }, "NOPERM"},
+		{"scripts-renamed-away", noScripts.Addr, nil, "unknown command"},
+	}
+	for _, tc := range cases {
+		for _, pol := range policies {
+			t.Run(tc.name+"/"+pol.name, func(t *testing.T) {
+				c := cache.New[string](newClient(t, tc.addr, tc.tune), cache.WithFailurePolicy(pol.p))
+				src := newSource(0)
+				const calls = 10
+				var errs int
+				var first error
+				for i := range calls {
+					k := "misconfig:" + strconv.Itoa(i)
+					v, err := c.GetOrLoad(ctx, k, src.loader(k, "v"))
+					if err == nil {
+						t.Errorf("GetOrLoad(%q) = %q, nil; want an error containing %q", k, v, tc.want)
+						continue
+					}
+					errs++
+					if first == nil {
+						first = err
+					}
+					if !strings.Contains(err.Error(), tc.want) {
+						t.Errorf("GetOrLoad(%q) = %v; want an error containing %q", k, err, tc.want)
+					}
+				}
+				if n := src.total.Load(); n != 0 {
+					t.Errorf("loads = %d; want 0: a misconfigured Redis must not turn into uncached loads", n)
+				}
+				t.Logf("figures: %s, %s: %d calls: %d errors, %d loads; first error: %v",
+					tc.name, pol.name, calls, errs, src.total.Load(), first)
+			})
+		}
+	}
+}
+
+// commandCounter is a go-redis hook that counts the commands a client is
+// asked to send and the connections it dials: what an outage costs Redis's
+// side of the client.
+type commandCounter struct {
+	cmds, dials atomic.Int64
+}
+
+func (h *commandCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		h.dials.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+
+func (h *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// TestCircuitBreakerDuringOutage kills Redis (its port refuses connections)
+// and makes 200 calls on distinct keys with the default breaker: after the
+// first few failures the cache must stop sending commands to Redis. When
+// Redis is back, a probe closes the breaker and values are cached again.
+func TestCircuitBreakerDuringOutage(t *testing.T) {
+	skipUntilFixed(t, "6")
+	ctx := context.Background()
+	for _, pol := range policies {
+		t.Run(pol.name, func(t *testing.T) {
+			srv := redistest.NewServer(t)
+			rdb := newClient(t, srv.Addr, func(o *redis.Options) {
+				fastFail(o)
+				o.DialerRetries, o.DialerRetryTimeout = 1, 10*time.Millisecond
+			})
+			var hook commandCounter
+			rdb.AddHook(&hook)
+			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p))
+			src := newSource(0)
+			if _, err := c.GetOrLoad(ctx, "breaker:warm", src.loader("breaker:warm", "v")); err != nil {
+				t.Fatalf("before the outage: %v", err)
+			}
+			srv.Kill()
+			hook.cmds.Store(0)
+			hook.dials.Store(0)
+			before := src.total.Load()
+
+			const calls = 200
+			var ok, circuitOpen, otherErrs int
+			var firstOther error
+			start := time.Now()
+			for i := range calls {
+				if time.Since(start) > 60*time.Second {
+					t.Errorf("gave up after %d calls in %v", i, time.Since(start).Round(time.Millisecond))
+					break
+				}
+				k := "breaker:" + strconv.Itoa(i)
+				v, err := c.GetOrLoad(ctx, k, src.loader(k, "v:"+k))
+				switch {
+				case err == nil && v == "v:"+k:
+					ok++
+				case errors.Is(err, cache.ErrCircuitOpen):
+					circuitOpen++
+				default:
+					otherErrs++
+					if firstOther == nil {
+						firstOther = err
+					}
+				}
+			}
+			took := time.Since(start)
+			cmds, dials, loads := hook.cmds.Load(), hook.dials.Load(), src.total.Load()-before
+			if cmds > 10 {
+				t.Errorf("%d calls during the outage sent %d commands to Redis (%d dials); want at most 10", calls, cmds, dials)
+			}
+			switch pol.p {
+			case cache.FailOpen:
+				if ok != calls || loads != calls {
+					t.Errorf("FailOpen: %d of %d calls got their value, %d loads; want all from the loader (first error: %v)", ok, calls, loads, firstOther)
+				}
+			case cache.FailClosed:
+				if loads != 0 || ok != 0 {
+					t.Errorf("FailClosed: %d loads, %d ok; want none", loads, ok)
+				}
+				if circuitOpen < calls-10 {
+					t.Errorf("FailClosed: %d of %d calls got ErrCircuitOpen; want all but the first few (first other error: %v)", circuitOpen, calls, firstOther)
+				}
+			}
+			t.Logf("figures: Redis down, %s, %d calls on distinct keys: %d ok, %d ErrCircuitOpen, %d other errors, %d loads; Redis commands sent=%d, dials=%d; %v in all, %v per call",
+				pol.name, calls, ok, circuitOpen, otherErrs, loads, cmds, dials, took.Round(time.Millisecond), (took / calls).Round(time.Microsecond))
+
+			if err := srv.Start(); err != nil {
+				t.Fatalf("restart redis: %v", err)
+			}
+			back := time.Now()
+			direct := newClient(t, srv.Addr, nil)
+			k := "breaker:back"
+			recovered := eventually(t, 10*time.Second, "value cached again after Redis is back", func() bool {
+				_, _ = c.GetOrLoad(ctx, k, src.loader(k, "v"))
+				return stored(t, direct, k) == `"v"`
+			})
+			n := src.loads(k)
+			if v, err := c.GetOrLoad(ctx, k, src.loader(k, "v")); err != nil || v != "v" || src.loads(k) != n {
+				t.Errorf("after recovery: GetOrLoad = %q, %v with %d new loads; want a hit", v, err, src.loads(k)-n)
+			}
+			t.Logf("figures: %s: cached again %v after Redis came back (%v polled)", pol.name, time.Since(back).Round(time.Millisecond), recovered.Round(time.Millisecond))
+		})
+	}
+}
