@@ -1,0 +1,315 @@
+// redlock.go is the Redlock algorithm: one lock over N independent Redis
+// masters, held while a majority of them grant it within its validity time.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ObtainQuorum takes the lock at key on a majority of masters, N independent
+// Redis servers (not replicas of one another, not shards of one cluster),
+// following the Redlock algorithm (https://redis.io/docs/latest/develop/use/patterns/distributed-locks/):
+//
+//  1. Note the time, then try SET key token NX PX ttl on all N masters at
+//     once, waiting at most [WithQuorumWait] (default ttl/10) for answers.
+//  2. The lock is ours when at least N/2+1 masters granted it and the
+//     validity time, ttl - elapsed - drift, is still positive, where elapsed
+//     is the time step 1 took and drift = ttl/100 + 2ms allows for clock drift
+//     between the machines. [Lock.Validity] then counts it down.
+//  3. Otherwise the key is released on every master, including any that
+//     answers late, and the attempt has failed: it is retried as
+//     [WithLockRetry] says (default: no retry). When no attempt succeeds the
+//     error is [ErrLockNotAcquired], joined with ctx.Err() if ctx ended and
+//     with the last attempt's Redis errors, each wrapped as
+//     "cache: redis: master i: ...".
+//
+// The returned [Lock] works as one from [Obtain]: Refresh extends the lease
+// on every master and succeeds when a majority did so within the validity
+// time; TTL is the time until fewer than a majority hold it; Release deletes
+// the key on every master; Hold renews it. Each such call asks all masters at
+// once and waits at most the quorum wait for them, so a stalled master costs
+// that wait, not the client's full timeout. A call to a master that has not
+// answered in time is left to finish in its own goroutine, which ends with
+// the client's timeouts; if it took the lock after the attempt failed or
+// after Release, it releases it. With [WithLockToken], a failed attempt
+// still releases the key on every master, even if the same token held it
+// before.
+//
+// # Caveats
+//
+// Redlock is safe only under timing assumptions. Its validity time is
+// measured on the client's clock and the expiries on each server's clock: a
+// server whose clock jumps forward, a client paused (GC, a stopped VM) past
+// the validity time, or a network delay longer than the lease can let two
+// holders believe they hold the lock at once. Martin Kleppmann's critique
+// ("How to do distributed locking", 2016) explains these cases; the Redis
+// documentation answers it but does not remove them. The lock hands out no
+// fencing tokens, so a storage system cannot reject the writes of a holder
+// whose lease has ended. Use Redlock where a rare double run costs
+// efficiency (the same e-mail sent twice, a job run twice); where it costs
+// correctness, fence the writes in the store (a version column, a
+// compare-and-set) or use a consensus system. A master that restarts
+// without persistence forgets the locks it granted: keep it out for at
+// least a ttl after a restart, or run it with appendfsync always. Against
+// master-replica failover, Redlock does not help unless the N masters are
+// independent.
+//
+// masters must not be empty or contain nil; they are used as given (each
+// routes the single key itself, so a master may be a *redis.Client or
+// another [redis.Scripter]). Invalid input gives an error, as in [Obtain].
+// ObtainQuorum is safe for concurrent use.
+func ObtainQuorum(ctx context.Context, masters []redis.Scripter, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
+	cfg, err := newLockConfig("ObtainQuorum", key, ttl, true, opts)
+	if err != nil {
+		return nil, err
+	}
+	if len(masters) == 0 {
+		return nil, errors.New("cache: ObtainQuorum: no masters")
+	}
+	if slices.Contains(masters, nil) {
+		return nil, errors.New("cache: ObtainQuorum: nil master")
+	}
+	l := newLock(slices.Clone(masters), len(masters)/2+1, cfg, key, ttl)
+	l.redlock = true
+	if err := l.obtain(ctx, cfg.retry, l.tryQuorum, true); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// answer is one master's reply in a round: the script's number, or an error.
+type answer struct {
+	n   int64
+	err error
+}
+
+var errNoAnswer = errors.New("no answer within the quorum wait")
+
+// round runs call on every master at once and gathers the answers until all
+// have answered, settled says the outcome is known (given the masters that
+// said 1 and those that did not), or the deadline or ctx ends. A master that
+// has not answered by then gets errNoAnswer. Each call runs in a goroutine of
+// its own that ends when the call does (bounded by the client's timeouts,
+// and cancelled by finish); with after, that goroutine then waits for finish
+// and runs after with its master's real answer, to clean up after calls that
+// answered late. The caller must call finish once it has decided.
+func (l *Lock) round(ctx context.Context, deadline time.Time,
+	call func(context.Context, redis.Scripter) (int64, error),
+	settled func(yes, no int) bool,
+	after func(i int, a answer),
+) (answers []answer, finish func()) {
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	over := make(chan struct{})
+	type reply struct {
+		i int
+		a answer
+	}
+	replies := make(chan reply, len(l.masters)) // never blocks a sender
+	for i, m := range l.masters {
+		go func() {
+			n, err := call(rctx, m)
+			replies <- reply{i, answer{n, err}}
+			if after != nil {
+				<-over
+				after(i, answer{n, err})
+			}
+		}()
+	}
+	answers = make([]answer, len(l.masters))
+	for i := range answers {
+		answers[i].err = errNoAnswer
+	}
+	yes, no := 0, 0
+wait:
+	for left := len(l.masters); left > 0 && (settled == nil || !settled(yes, no)); left-- {
+		select {
+		case r := <-replies:
+			answers[r.i] = r.a
+			if r.a.err == nil && r.a.n == 1 {
+				yes++
+			} else {
+				no++
+			}
+		case <-rctx.Done():
+			break wait
+		}
+	}
+	return answers, func() { cancel(); close(over) }
+}
+
+// tryQuorum is one attempt of the Redlock algorithm (see [ObtainQuorum]).
+func (l *Lock) tryQuorum(ctx context.Context, _ bool) (bool, error) {
+	ttl := l.lease()
+	ms := leaseMillis(ttl)
+	start := time.Now()
+	validUntil := start.Add(ttl - clockDrift(ttl))
+	deadline := start.Add(l.wait)
+	if validUntil.Before(deadline) {
+		deadline = validUntil
+	}
+	keys := []string{l.key}
+	won := false // written before finish, read by after
+	answers, finish := l.round(ctx, deadline,
+		func(ctx context.Context, m redis.Scripter) (int64, error) {
+			return lockObtainScript.Run(ctx, m, keys, l.value, l.tokenLen, ms).Int64()
+		},
+		func(yes, no int) bool { return yes >= l.quorum || no > len(l.masters)-l.quorum },
+		func(i int, a answer) {
+			if (a.err == nil && a.n == 0) || (won && !isClosed(l.released)) {
+				return // not ours, or part of a lock still held
+			}
+			l.releaseOn(ctx, l.masters[i])
+		})
+	yes := granted(answers)
+	elapsed := time.Since(start)
+	won = yes >= l.quorum && time.Now().Before(validUntil)
+	finish()
+	if won {
+		l.setValid(start, ttl)
+		return true, nil
+	}
+	errs := masterErrs(answers)
+	if yes >= l.quorum {
+		errs = append(errs, fmt.Errorf("cache: a quorum granted the lock after %v, past its validity (ttl %v - drift %v)",
+			elapsed.Round(time.Millisecond), ttl, clockDrift(ttl)))
+	}
+	return false, errors.Join(errs...)
+}
+
+// releaseOn releases the lock on one master, bounded by the lease (after
+// which Redis has dropped it anyway) and by 5s.
+func (l *Lock) releaseOn(ctx context.Context, m redis.Scripter) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.lease(), 5*time.Second))
+	defer cancel()
+	_ = lockReleaseScript.Run(ctx, m, []string{l.key}, l.value).Err()
+}
+
+func (l *Lock) releaseQuorum(ctx context.Context) error {
+	keys := []string{l.key}
+	answers, finish := l.round(ctx, time.Now().Add(l.wait),
+		func(ctx context.Context, m redis.Scripter) (int64, error) {
+			return lockReleaseScript.Run(ctx, m, keys, l.value).Int64()
+		}, nil, nil)
+	finish()
+	if granted(answers) >= l.quorum {
+		return nil
+	}
+	if errs := masterErrs(answers); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return ErrLockNotHeld
+}
+
+func (l *Lock) refreshQuorum(ctx context.Context, start time.Time, ttl time.Duration) error {
+	ms := leaseMillis(ttl)
+	keys := []string{l.key}
+	validUntil := start.Add(ttl - clockDrift(ttl))
+	deadline := start.Add(l.wait)
+	if validUntil.Before(deadline) {
+		deadline = validUntil
+	}
+	answers, finish := l.round(ctx, deadline,
+		func(ctx context.Context, m redis.Scripter) (int64, error) {
+			return lockRefreshScript.Run(ctx, m, keys, l.value, ms).Int64()
+		}, nil, nil)
+	finish()
+	if granted(answers) >= l.quorum && time.Now().Before(validUntil) {
+		return nil
+	}
+	if notOurs(answers) > len(l.masters)-l.quorum {
+		return ErrLockNotHeld
+	}
+	errs := masterErrs(answers)
+	if len(errs) == 0 {
+		errs = append(errs, errors.New("cache: a quorum extended the lock after its validity"))
+	}
+	return errors.Join(errs...)
+}
+
+func (l *Lock) ttlQuorum(ctx context.Context) (time.Duration, error) {
+	keys := []string{l.key}
+	answers, finish := l.round(ctx, time.Now().Add(l.wait),
+		func(ctx context.Context, m redis.Scripter) (int64, error) {
+			return lockPTTLScript.Run(ctx, m, keys, l.value).Int64()
+		}, nil, nil)
+	finish()
+	var ttls []time.Duration
+	var errs []error
+	others := 0
+	for i, a := range answers {
+		d, err := pttl(a.n, a.err)
+		switch {
+		case errors.Is(err, ErrLockNotHeld):
+			others++
+		case err != nil:
+			errs = append(errs, masterErr(i, a.err))
+		case d < 0:
+			ttls = append(ttls, math.MaxInt64) // no expiry
+		default:
+			ttls = append(ttls, d)
+		}
+	}
+	if len(ttls) >= l.quorum {
+		slices.Sort(ttls)
+		slices.Reverse(ttls)
+		if d := ttls[l.quorum-1]; d != math.MaxInt64 {
+			return d, nil
+		}
+		return -1, nil
+	}
+	if others > len(l.masters)-l.quorum {
+		return 0, ErrLockNotHeld
+	}
+	return 0, errors.Join(errs...)
+}
+
+// granted counts the masters that answered 1.
+func granted(answers []answer) int {
+	n := 0
+	for _, a := range answers {
+		if a.err == nil && a.n == 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// notOurs counts the masters that answered that the lock is not ours.
+func notOurs(answers []answer) int {
+	n := 0
+	for _, a := range answers {
+		if a.err == nil && a.n == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func masterErrs(answers []answer) []error {
+	var errs []error
+	for i, a := range answers {
+		if a.err != nil {
+			errs = append(errs, masterErr(i, a.err))
+		}
+	}
+	return errs
+}
+
+func masterErr(i int, err error) error { return fmt.Errorf("cache: redis: master %d: %w", i, err) }
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
