@@ -101,8 +101,9 @@ func (s *staleCount) add(o *staleCount) {
 	}
 }
 
-// TestDeleteInAnotherInstance starts reads on 3 instances (each its own
-// client, singleflight group and pool) every 2ms while instance B deletes
+// TestDeleteInAnotherInstance reads on 3 instances (each its own client,
+// singleflight group and pool), a new read every 2ms plus 4 readers in a
+// loop on each, while another instance than the loader's deletes
 // the key, in two shapes: while the first v1 load is still running
 // ("during-load": the holder's fenced commit writes nothing, but its flight
 // still answers), and once v1 is cached and read by every instance
@@ -114,7 +115,7 @@ func TestDeleteInAnotherInstance(t *testing.T) {
 			addr := redistest.Addr(t)
 			direct := newClient(t, addr, nil)
 			p := redistest.Prefix(t, direct)
-			const instances, rounds = 3, 10
+			const instances, readers, rounds = 3, 4, 10
 			const delay, tick = 150 * time.Millisecond, 2 * time.Millisecond
 			cs := procs(t, instances, addr, nil, cache.WithRetry(400, 10*time.Millisecond))
 			var total staleCount
@@ -128,22 +129,35 @@ func TestDeleteInAnotherInstance(t *testing.T) {
 					wg        sync.WaitGroup
 					round     staleCount
 				)
+				read := func(i int, c *cache.Cache[string]) {
+					after := deleted.Load()
+					begun := time.Now()
+					v, err := c.GetOrLoad(context.Background(), key, src.loader(i))
+					var late time.Duration
+					if after { // deletedAt is set before deleted
+						late = begun.Sub(deletedAt)
+					}
+					round.count(after, v, err, late)
+				}
 				for i, c := range cs {
-					wg.Go(func() { // an open-loop client: a new read every tick, whatever the others do
+					// An open-loop client: a new read every tick, whatever
+					// the others do, so reads join flights at any moment...
+					wg.Go(func() {
 						for !stop.Load() {
-							after := deleted.Load()
-							wg.Go(func() {
-								begun := time.Now()
-								v, err := c.GetOrLoad(context.Background(), key, src.loader(i))
-								var late time.Duration
-								if after { // deletedAt is set before deleted
-									late = begun.Sub(deletedAt)
-								}
-								round.count(after, v, err, late)
-							})
+							wg.Go(func() { read(i, c) })
 							time.Sleep(tick)
 						}
 					})
+					// ...and closed-loop readers, a read as soon as the last
+					// one returned, so hits overlap the Delete.
+					for range readers {
+						wg.Go(func() {
+							for !stop.Load() {
+								read(i, c)
+								time.Sleep(time.Millisecond)
+							}
+						})
+					}
 				}
 				holder := <-src.started // the first v1 load is running
 				if shape == "after-commit" {
@@ -177,8 +191,8 @@ func TestDeleteInAnotherInstance(t *testing.T) {
 			if total.after.Load() < rounds {
 				t.Errorf("only %d reads began after the Deletes; the test proves nothing", total.after.Load())
 			}
-			t.Logf("figures: %s, %d rounds, %d instances each starting a read every %v, load %v: %d reads, %d began after Delete returned, %d stale (latest %v after the Delete), %d errors",
-				shape, rounds, instances, tick, delay, total.reads.Load(), total.after.Load(), total.stale.Load(),
+			t.Logf("figures: %s, %d rounds, %d instances each starting a read every %v and running %d readers in a loop, load %v: %d reads, %d began after Delete returned, %d stale (latest %v after the Delete), %d errors",
+				shape, rounds, instances, tick, readers, delay, total.reads.Load(), total.after.Load(), total.stale.Load(),
 				total.late.Round(time.Millisecond), total.errs.Load())
 		})
 	}
@@ -195,13 +209,13 @@ func TestDeleteInAnotherProcess(t *testing.T) {
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
 	ctx := context.Background()
-	const children, rounds = 3, 6
+	const children, readers, rounds = 3, 4, 6
 	const delay, tick = 200 * time.Millisecond, 2 * time.Millisecond
 	var kids []*child
 	for range children {
 		kids = append(kids, startChild(t, "reader", map[string]string{
 			"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds),
-			"TICK": tick.String(), "DELAY": delay.String(),
+			"TICK": tick.String(), "READERS": strconv.Itoa(readers), "DELAY": delay.String(),
 		}))
 	}
 	deleter := cache.New[string](direct)
@@ -265,14 +279,15 @@ func TestDeleteInAnotherProcess(t *testing.T) {
 	if after < rounds {
 		t.Errorf("only %d reads began after the Deletes; the test proves nothing", after)
 	}
-	t.Logf("figures: %d rounds, %d processes each starting a read every %v, load %v: %d reads, %d began after Delete returned, %d stale (latest %v after the Delete), %d errors",
-		rounds, children, tick, delay, reads, after, stale, late.Round(time.Millisecond), errs)
+	t.Logf("figures: %d rounds, %d processes each starting a read every %v and running %d readers in a loop, load %v: %d reads, %d began after Delete returned, %d stale (latest %v after the Delete), %d errors",
+		rounds, children, tick, readers, delay, reads, after, stale, late.Round(time.Millisecond), errs)
 }
 
 // runReaderChild is the child of TestDeleteInAnotherProcess. For each round
 // it says "ready <round>", waits for a line, then starts a read of
-// PREFIX+k<round> every TICK until PREFIX+stop:<round> exists, with a loader
-// that reads the version at PREFIX+src:<round>. It says
+// PREFIX+k<round> every TICK and runs READERS readers in a loop, until
+// PREFIX+stop:<round> exists, with a loader that reads the version at
+// PREFIX+src:<round>. It says
 // "done <round> <reads> <after> <stale> <errors> <latest stale ns> |<first error>".
 func runReaderChild(env func(string) string) int {
 	ctx := context.Background()
@@ -282,6 +297,7 @@ func runReaderChild(env func(string) string) int {
 	p := env("PREFIX")
 	rounds, _ := strconv.Atoi(env("ROUNDS"))
 	tick, _ := time.ParseDuration(env("TICK"))
+	readers, _ := strconv.Atoi(env("READERS"))
 	delay, _ := time.ParseDuration(env("DELAY"))
 	in := bufio.NewReader(os.Stdin)
 	for r := range rounds {
@@ -308,19 +324,40 @@ func runReaderChild(env func(string) string) int {
 			round staleCount
 			wg    sync.WaitGroup
 		)
-		for { // an open-loop client: a new read every tick
+		// check reports whether the round is over and whether Delete has
+		// returned (with when, in Unix ns), before a read begins.
+		check := func() (stop bool, after bool, at int64) {
 			st, err := rdb.MGet(ctx, rk("deleted"), rk("stop")).Result()
 			if err != nil || st[1] != nil {
+				return true, false, 0
+			}
+			if st[0] != nil {
+				at, _ = strconv.ParseInt(st[0].(string), 10, 64)
+			}
+			return false, st[0] != nil, at
+		}
+		read := func(after bool, at int64) {
+			v, err := c.GetOrLoad(ctx, key, load)
+			round.count(after, v, err, time.Duration(time.Now().UnixNano()-at))
+		}
+		for range readers { // closed-loop readers
+			wg.Go(func() {
+				for {
+					stop, after, at := check()
+					if stop {
+						return
+					}
+					read(after, at)
+					time.Sleep(time.Millisecond)
+				}
+			})
+		}
+		for { // an open-loop client: a new read every tick
+			stop, after, at := check()
+			if stop {
 				break
 			}
-			wg.Go(func() {
-				v, err := c.GetOrLoad(ctx, key, load)
-				var at int64
-				if st[0] != nil {
-					at, _ = strconv.ParseInt(st[0].(string), 10, 64)
-				}
-				round.count(st[0] != nil, v, err, time.Duration(time.Now().UnixNano()-at))
-			})
+			wg.Go(func() { read(after, at) })
 			time.Sleep(tick)
 		}
 		wg.Wait()
@@ -331,4 +368,53 @@ func runReaderChild(env func(string) string) int {
 		fmt.Println("done", r, round.reads.Load(), round.after.Load(), round.stale.Load(), round.errs.Load(), int64(round.late), "|"+first)
 	}
 	return 0
+}
+
+// TestDeleteWhileAHitIsInFlight takes the read path instead of the load
+// path: instance A reads a cached v1 over a link whose replies take 50ms
+// (Redis has answered, the reply is on its way); meanwhile instance B
+// deletes the key, and then a new caller on A asks for it. That caller began
+// after Delete returned, so it must not get v1, even though the read it
+// could share was answered before the Delete.
+func TestDeleteWhileAHitIsInFlight(t *testing.T) {
+	skipUntilFixed(t, "1")
+	addr := redistest.Addr(t)
+	direct := newClient(t, addr, nil)
+	p := redistest.Prefix(t, direct)
+	ctx := context.Background()
+	px := newProxy(t, addr)
+	px.add(t, "slow-replies", "latency", "downstream", `{"latency":50}`)
+	a := cache.New[string](newClient(t, px.Addr(), nil))
+	b := cache.New[string](direct)
+	const rounds = 20
+	stale := 0
+	for r := range rounds {
+		key := p + "k" + strconv.Itoa(r)
+		src := newVersioned(0)
+		if v, err := b.GetOrLoad(ctx, key, src.loader(1)); err != nil || v != "v1" {
+			t.Fatalf("GetOrLoad = %q, %v; want v1 cached", v, err)
+		}
+		first := make(chan string, 1)
+		go func() {
+			v, _ := a.GetOrLoad(ctx, key, src.loader(0))
+			first <- v
+		}()
+		time.Sleep(15 * time.Millisecond) // A's GET has reached Redis; its reply has not reached A
+		src.ver.Store(2)
+		if err := b.Delete(ctx, key); err != nil {
+			t.Fatalf("Delete: %v", err)
+		}
+		v, err := a.GetOrLoad(ctx, key, src.loader(0)) // begins after Delete returned
+		if err != nil {
+			t.Errorf("round %d: GetOrLoad after Delete: %v", r, err)
+		}
+		if v == "v1" {
+			stale++
+		}
+		<-first
+	}
+	if stale != 0 {
+		t.Errorf("%d of %d reads that began after Delete returned (in another instance) got v1, the deleted value, from a read sent before the Delete", stale, rounds)
+	}
+	t.Logf("figures: hit in flight on a link with 50ms replies, Delete in another instance, then a new read on the first: %d of %d got the deleted value", stale, rounds)
 }
