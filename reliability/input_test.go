@@ -34,7 +34,7 @@ func TestEmptyKeyAndNilLoader(t *testing.T) {
 	if _, err := c.GetOrLoad(ctx, "k", nil); !errors.Is(err, cache.ErrNilLoader) {
 		t.Errorf("GetOrLoad(nil loader) = %v; want ErrNilLoader", err)
 	}
-	if _, err := cache.Obtain(ctx, direct, ""); !errors.Is(err, cache.ErrEmptyKey) {
+	if _, err := cache.Obtain(ctx, direct, "", time.Second); !errors.Is(err, cache.ErrEmptyKey) {
 		t.Errorf(`Obtain("") = %v; want ErrEmptyKey`, err)
 	}
 	// Delete checks every key before deleting any: nothing is lost to a
