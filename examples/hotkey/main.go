@@ -2,7 +2,7 @@
 // cold and keeps expiring, served by several instances, with three caching
 // strategies compared on the same workload.
 //
-//	go run ./examples/hotkey            # embedded Redis and MongoDB, ~30s
+//	go run ./examples/hotkey            # embedded Redis and MongoDB, ~30s once built
 //	go run ./examples/hotkey -procs 4   # instances as 4 OS processes
 //	go run ./examples/hotkey -json      # one JSON object per strategy
 //
@@ -22,17 +22,19 @@ import (
 // config is one run of the demo; main fills it from flags and environment,
 // the test fills it directly.
 type config struct {
-	Instances  int           // service instances, each with its own Redis client and cache
-	Goroutines int           // request goroutines per instance
-	Duration   time.Duration // traffic per strategy
-	TTL        time.Duration // TTL of the hot key
-	LoadDelay  time.Duration // added to every database load: a heavy query
-	Procs      int           // >0: run the instances as this many OS processes
-	Products   int           // products seeded into the embedded database
-	JSON       bool          // one JSON object per strategy on stdout
-	Verbose    bool          // server logs on stderr
-	RedisAddr  string        // "" starts an embedded miniredis
-	MongoURI   string        // "" starts an embedded FerretDB
+	Instances   int           // service instances, each with its own Redis client and cache
+	Goroutines  int           // request goroutines per instance
+	Duration    time.Duration // traffic per strategy, at least
+	MinExpiries int           // traffic goes on past Duration until the hot key has been missing this many times...
+	MaxDuration time.Duration // ...but no longer than this
+	TTL         time.Duration // TTL of the hot key
+	LoadDelay   time.Duration // added to every database load: a heavy query
+	Procs       int           // >0: run the instances as this many OS processes
+	Products    int           // products seeded into the embedded database
+	JSON        bool          // one JSON object per strategy on stdout
+	Verbose     bool          // server logs on stderr
+	RedisAddr   string        // "" starts an embedded miniredis
+	MongoURI    string        // "" starts an embedded FerretDB
 }
 
 func main() {
@@ -42,7 +44,9 @@ func main() {
 	cfg := config{RedisAddr: os.Getenv("REDIS_ADDR"), MongoURI: os.Getenv("MONGO_URI")}
 	flag.IntVar(&cfg.Instances, "instances", 4, "service instances (each with its own Redis client, cache and MongoDB client)")
 	flag.IntVar(&cfg.Goroutines, "goroutines", 32, "request goroutines per instance")
-	flag.DurationVar(&cfg.Duration, "duration", 8*time.Second, "traffic per strategy")
+	flag.DurationVar(&cfg.Duration, "duration", 8*time.Second, "traffic per strategy, at least")
+	flag.IntVar(&cfg.MinExpiries, "min-expiries", 2, "after -duration, go on until the hot key has been missing `N` times (the cold start counts)")
+	flag.DurationVar(&cfg.MaxDuration, "max-duration", 0, "traffic per strategy, at most, while waiting for -min-expiries (default 10 x -duration)")
 	flag.DurationVar(&cfg.TTL, "ttl", time.Second, "TTL of the hot key (short, so it expires several times per run)")
 	flag.DurationVar(&cfg.LoadDelay, "load-delay", 100*time.Millisecond, "delay added to every database load, modelling a heavy query")
 	flag.IntVar(&cfg.Procs, "procs", 0, "run the instances as `N` OS processes, one instance each (replaces -instances)")
@@ -76,8 +80,16 @@ func (c *config) check() error {
 		return fmt.Errorf("-instances and -goroutines must be at least 1")
 	case c.Duration <= 0 || c.TTL < time.Millisecond || c.LoadDelay < 0:
 		return fmt.Errorf("-duration and -ttl must be positive, -load-delay not negative")
+	case c.MinExpiries < 0 || c.MaxDuration < 0:
+		return fmt.Errorf("-min-expiries and -max-duration must not be negative")
 	case c.Products < 1:
 		return fmt.Errorf("-products must be at least 1")
+	}
+	if c.MaxDuration == 0 {
+		c.MaxDuration = 10 * c.Duration
+	}
+	if c.MaxDuration < c.Duration {
+		return fmt.Errorf("-max-duration (%v) must be at least -duration (%v)", c.MaxDuration, c.Duration)
 	}
 	return nil
 }
@@ -99,8 +111,10 @@ func run(ctx context.Context, cfg config, out, errw io.Writer) (*report, error) 
 		mode = fmt.Sprintf("%d OS processes", cfg.Procs)
 	}
 	fmt.Fprintf(info, "hotkey: Redis = %s; MongoDB = %s\n", e.redisDesc, e.mongoDesc)
-	fmt.Fprintf(info, "%d products seeded; hot key %s; %d instances (%s) x %d goroutines; %v per strategy; TTL %v; load delay %v\n\n",
-		cfg.Products, hotKey(e.runID, "<strategy>"), cfg.Instances, mode, cfg.Goroutines, cfg.Duration, cfg.TTL, cfg.LoadDelay)
+	fmt.Fprintf(info, "%d products seeded; hot key %s; %d instances (%s) x %d goroutines; "+
+		"%v per strategy (longer until %d expiries, at most %v); TTL %v; load delay %v\n\n",
+		cfg.Products, hotKey(e.runID, "<strategy>"), cfg.Instances, mode, cfg.Goroutines,
+		cfg.Duration, cfg.MinExpiries, cfg.MaxDuration, cfg.TTL, cfg.LoadDelay)
 
 	rep := &report{cfg: cfg, env: e}
 	for _, s := range strategies {

@@ -21,17 +21,19 @@ import (
 // makes the binary a child (a variable rather than a flag keeps it out of -h).
 const childEnv = "STAMPEDE_HOTKEY_CHILD"
 
-// message is one line a child writes: ready, progress, or its final tally.
+// message is one line a child writes: ready, progress (with the loads since
+// the last message, from which the parent counts expiries), or its final tally.
 type message struct {
 	Ready    bool   `json:"ready,omitempty"`
 	Requests int64  `json:"requests,omitempty"`
 	Loads    int64  `json:"loads,omitempty"`
+	Spans    []span `json:"spans,omitempty"`
 	Result   *tally `json:"result,omitempty"`
 	Error    string `json:"error,omitempty"`
 }
 
 // childMain is one instance in its own process: connect, say ready, wait for
-// the parent's start line on stdin, run, report.
+// the parent's "go" line on stdin, run until its "stop" line, report.
 func childMain(specJSON string) int {
 	enc := json.NewEncoder(os.Stdout)
 	var mu sync.Mutex // protects enc: progress and the result are written from two goroutines
@@ -55,26 +57,32 @@ func childMain(specJSON string) int {
 	defer in.close()
 	send(message{Ready: true})
 
-	start := make(chan struct{})
+	start, stop := make(chan struct{}), make(chan struct{})
 	go func() {
-		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
-		close(start) // a closed stdin (parent gone) starts too, and the run ends by itself
+		r := bufio.NewReader(os.Stdin)
+		_, _ = r.ReadString('\n')
+		close(start)
+		_, _ = r.ReadString('\n')
+		close(stop) // "stop", or a closed stdin: the parent is gone
 	}()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(250 * time.Millisecond)
+		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
+		sent := 0 // loads already reported
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				send(message{Requests: live.requests.Load(), Loads: live.loads.Load()})
+				spans := live.spansFrom(sent)
+				sent += len(spans)
+				send(message{Requests: live.requests.Load(), Loads: live.loads.Load(), Spans: spans})
 			}
 		}
 	})
-	t := in.run(ctx, start)
+	t := in.run(ctx, start, stop)
 	close(done)
 	wg.Wait()
 	send(message{Result: &t})
@@ -89,8 +97,8 @@ type child struct {
 }
 
 // runProcs starts n children for spec, starts their traffic together once
-// all are connected, and adds up their tallies.
-func runProcs(ctx context.Context, n int, spec instanceSpec, live *counters) (tally, error) {
+// all are connected, stops it when w says, and adds up their tallies.
+func runProcs(ctx context.Context, n int, spec instanceSpec, live *counters, w *window) (tally, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return tally{}, err
@@ -139,6 +147,19 @@ func runProcs(ctx context.Context, n int, spec instanceSpec, live *counters) (ta
 			return tally{}, err
 		}
 	}
+	w.open(ctx)
+	quit := make(chan struct{})
+	var stopper sync.WaitGroup
+	stopper.Go(func() {
+		select {
+		case <-w.stop:
+		case <-quit: // a child failed
+		}
+		for _, c := range children {
+			_, _ = io.WriteString(c.stdin, "stop\n")
+		}
+	})
+	defer func() { close(quit); stopper.Wait() }() // runs before the children are closed and waited for
 
 	tallies := make([]tally, n)
 	errs := make([]error, n)
@@ -159,6 +180,7 @@ func runProcs(ctx context.Context, n int, spec instanceSpec, live *counters) (ta
 				}
 				live.requests.Add(m.Requests - reqs)
 				live.loads.Add(m.Loads - loads)
+				live.addSpans(m.Spans...)
 				reqs, loads = m.Requests, m.Loads
 			}
 		})

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/stampede-go/stampede/cache"
 )
 
 // span is one database load, wall-clock Unix nanoseconds (comparable across
@@ -130,7 +132,8 @@ type result struct {
 	Instances       int     `json:"instances"`
 	Procs           int     `json:"procs"`
 	Goroutines      int     `json:"goroutines_per_instance"`
-	DurationS       float64 `json:"duration_s"`
+	DurationS       float64 `json:"duration_s"`          // traffic time: -duration, or longer until -min-expiries
+	CutShort        bool    `json:"cut_short,omitempty"` // -max-duration ended the traffic before -min-expiries
 	TTLms           int64   `json:"ttl_ms"`
 	LoadDelayMs     int64   `json:"load_delay_ms"`
 	Redis           string  `json:"redis"`
@@ -141,21 +144,26 @@ type result struct {
 // around it.
 func measure(ctx context.Context, cfg config, e *env, strategy string, errw io.Writer) (result, error) {
 	spec := instanceSpec{Strategy: strategy, RedisAddr: e.redisAddr, MongoURI: e.mongoURI, DB: e.dbName,
-		Key: hotKey(e.runID, strategy), Goroutines: cfg.Goroutines, Duration: cfg.Duration, TTL: cfg.TTL, LoadDelay: cfg.LoadDelay}
-	if err := e.rdb.Del(ctx, spec.Key, "{"+spec.Key+"}:lock").Err(); err != nil { // cold, whatever ran before
-		return result{}, err
+		Key: hotKey(e.runID, strategy), Goroutines: cfg.Goroutines, TTL: cfg.TTL, LoadDelay: cfg.LoadDelay}
+	// Cold, whatever ran before (one key per command: a cluster may hold them in two slots).
+	for _, k := range []string{spec.Key, cache.LockKey(spec.Key)} {
+		if err := e.rdb.Del(ctx, k).Err(); err != nil {
+			return result{}, err
+		}
 	}
 	finds0, cmds0 := e.finds(ctx), e.redisCommands(ctx)
 
 	live := &counters{}
+	w := newWindow(cfg, live)
 	stopProgress := progress(errw, strategy, cfg.Duration, live)
 	var t tally
 	var err error
 	if cfg.Procs > 0 {
-		t, err = runProcs(ctx, cfg.Procs, spec, live)
+		t, err = runProcs(ctx, cfg.Procs, spec, live, w)
 	} else {
-		t, err = runInstances(ctx, cfg.Instances, spec, live)
+		t, err = runInstances(ctx, cfg.Instances, spec, live, w)
 	}
+	ran, short := w.close()
 	stopProgress()
 	if err != nil {
 		return result{}, err
@@ -166,7 +174,7 @@ func measure(ctx context.Context, cfg config, e *env, strategy string, errw io.W
 		Strategy: strategy, Requests: t.Requests, DBLoads: int64(len(t.Loads)), DBLoadsServer: -1,
 		Errors: t.Errors, FirstError: t.FirstError, P50ms: t.Latency.quantile(0.50), P99ms: t.Latency.quantile(0.99), MaxMs: t.Latency.quantile(1),
 		RedisCmds: t.RedisSent, RedisCmdsMethod: "client hook", RedisCmdsSent: t.RedisSent,
-		Instances: cfg.Instances, Procs: cfg.Procs, Goroutines: cfg.Goroutines, DurationS: cfg.Duration.Seconds(),
+		Instances: cfg.Instances, Procs: cfg.Procs, Goroutines: cfg.Goroutines, DurationS: ran.Seconds(), CutShort: short,
 		TTLms: cfg.TTL.Milliseconds(), LoadDelayMs: cfg.LoadDelay.Milliseconds(),
 		Redis: map[bool]string{true: "miniredis", false: "redis"}[e.miniredis],
 		Mongo: map[bool]string{true: "ferretdb", false: "mongodb"}[cfg.MongoURI == ""],
@@ -184,9 +192,69 @@ func measure(ctx context.Context, cfg config, e *env, strategy string, errw io.W
 	return r, nil
 }
 
+// window decides when one strategy's traffic ends: once cfg.Duration has
+// passed and the hot key has been missing cfg.MinExpiries times, counted from
+// the loads themselves, so that a slow or busy machine runs longer rather
+// than showing fewer expiries; or at cfg.MaxDuration whatever happened.
+type window struct {
+	cfg  config
+	live *counters
+	stop chan struct{} // closed when the traffic must end
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	began  time.Time
+	ended  time.Time // written before stop is closed
+	short  bool      // written before stop is closed
+}
+
+func newWindow(cfg config, live *counters) *window {
+	return &window{cfg: cfg, live: live, stop: make(chan struct{})}
+}
+
+// open starts the clock and the watcher that closes w.stop; call it as the
+// traffic starts, at most once.
+func (w *window) open(ctx context.Context) {
+	ctx, w.cancel = context.WithCancel(ctx)
+	w.began = time.Now()
+	w.wg.Go(func() {
+		defer close(w.stop)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				w.ended = time.Now()
+				return
+			case <-t.C:
+			}
+			ran := time.Since(w.began)
+			if ran >= w.cfg.Duration && w.live.expiries(w.cfg.TTL) >= w.cfg.MinExpiries {
+				w.ended = time.Now()
+				return
+			}
+			if ran >= w.cfg.MaxDuration {
+				w.ended, w.short = time.Now(), true
+				return
+			}
+		}
+	})
+}
+
+// close ends the watcher if it still runs and returns how long the traffic
+// ran and whether -max-duration cut it short.
+func (w *window) close() (time.Duration, bool) {
+	if w.cancel == nil {
+		return 0, false // never opened
+	}
+	w.cancel()
+	w.wg.Wait()
+	return w.ended.Sub(w.began), w.short
+}
+
 // runInstances runs the instances as goroutines of this process, all
-// starting together so the cold key meets the whole burst.
-func runInstances(ctx context.Context, n int, spec instanceSpec, live *counters) (tally, error) {
+// starting together so the cold key meets the whole burst, until w stops them.
+func runInstances(ctx context.Context, n int, spec instanceSpec, live *counters, w *window) (tally, error) {
 	ins := make([]*instance, 0, n)
 	defer func() {
 		for _, in := range ins {
@@ -204,9 +272,10 @@ func runInstances(ctx context.Context, n int, spec instanceSpec, live *counters)
 	tallies := make([]tally, n)
 	var wg sync.WaitGroup
 	for i, in := range ins {
-		wg.Go(func() { tallies[i] = in.run(ctx, start) })
+		wg.Go(func() { tallies[i] = in.run(ctx, start, w.stop) })
 	}
 	close(start)
+	w.open(ctx)
 	wg.Wait()
 	var total tally
 	for _, t := range tallies {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,15 +32,40 @@ type instanceSpec struct {
 	DB         string        `json:"db"`
 	Key        string        `json:"key"`
 	Goroutines int           `json:"goroutines"`
-	Duration   time.Duration `json:"duration"`
 	TTL        time.Duration `json:"ttl"`
 	LoadDelay  time.Duration `json:"load_delay"`
 }
 
-// counters are the live totals for the progress line, shared by all the
-// instances in this process.
+// counters are the live totals for the progress line and for deciding when
+// the traffic may stop, shared by all the instances in this process (and, in
+// the parent of -procs children, fed by their progress messages).
 type counters struct {
 	requests, loads atomic.Int64
+
+	mu    sync.Mutex // protects spans
+	spans []span     // every database load so far
+}
+
+// addSpans records database loads.
+func (c *counters) addSpans(s ...span) {
+	c.mu.Lock()
+	c.spans = append(c.spans, s...)
+	c.mu.Unlock()
+}
+
+// spansFrom returns the loads recorded after the first i.
+func (c *counters) spansFrom(i int) []span {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.spans[min(i, len(c.spans)):])
+}
+
+// expiries counts the times the hot key was missing so far (see [expiries]).
+func (c *counters) expiries(ttl time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, _ := expiries(c.spans, ttl)
+	return n
 }
 
 // instance is one service instance: its own Redis client, MongoDB client and
@@ -122,9 +148,11 @@ func (in *instance) load(ctx context.Context) (Product, error) {
 			err = ctx.Err()
 		}
 	}
+	sp := span{Start: start.UnixNano(), End: time.Now().UnixNano()}
 	in.mu.Lock()
-	in.loads = append(in.loads, span{Start: start.UnixNano(), End: time.Now().UnixNano()})
+	in.loads = append(in.loads, sp)
 	in.mu.Unlock()
+	in.live.addSpans(sp)
 	in.live.loads.Add(1)
 	return p, err
 }
@@ -150,18 +178,25 @@ func (in *instance) naive(ctx context.Context) (Product, error) {
 }
 
 // run waits for start, then sends requests from the spec's goroutines until
-// the duration has passed. Requests in flight at the end are finished, not
-// cancelled, so that no error is an artefact of stopping.
-func (in *instance) run(ctx context.Context, start <-chan struct{}) tally {
+// stop is closed (see [window]). Requests in flight at the end are finished,
+// not cancelled, so that no error is an artefact of stopping.
+func (in *instance) run(ctx context.Context, start, stop <-chan struct{}) tally {
 	<-start
-	end := time.Now().Add(in.spec.Duration)
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return ctx.Err() != nil
+		}
+	}
 	tallies := make([]tally, in.spec.Goroutines)
 	var wg sync.WaitGroup
 	for i := range tallies {
 		wg.Go(func() {
 			t := &tallies[i]
 			t.Latency = hist{}
-			for time.Now().Before(end) && ctx.Err() == nil {
+			for !stopped() {
 				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				t0 := time.Now()
 				p, err := in.get(rctx)
