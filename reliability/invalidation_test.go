@@ -9,6 +9,7 @@ package reliability_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -417,4 +418,42 @@ func TestDeleteWhileAHitIsInFlight(t *testing.T) {
 		t.Errorf("%d of %d reads that began after Delete returned (in another instance) got v1, the deleted value, from a read sent before the Delete", stale, rounds)
 	}
 	t.Logf("figures: hit in flight on a link with 50ms replies, Delete in another instance, then a new read on the first: %d of %d got the deleted value", stale, rounds)
+}
+
+// TestUncachedNotFoundIsAnsweredOnce guards the fix of item 1 (a caller
+// that began after a flight's answer was vouched for asks again): a loader's
+// ErrNotFound with negative caching off is stored nowhere, and must still be
+// answered once, not asked again and again.
+func TestUncachedNotFoundIsAnsweredOnce(t *testing.T) {
+	addr := redistest.Addr(t)
+	direct := newClient(t, addr, nil)
+	key := redistest.Prefix(t, direct) + "absent"
+	cs := procs(t, 2, addr, nil, cache.WithNotFoundTTL(0))
+	var loads atomic.Int64
+	load := func(context.Context) (string, error) {
+		loads.Add(1)
+		time.Sleep(20 * time.Millisecond) // let callers merge
+		return "", cache.ErrNotFound
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var notFound, other atomic.Int64
+	for _, c := range cs {
+		for range 5 {
+			wg.Go(func() {
+				if _, err := c.GetOrLoad(ctx, key, load); errors.Is(err, cache.ErrNotFound) {
+					notFound.Add(1)
+				} else {
+					other.Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if notFound.Load() != 10 || loads.Load() > 4 {
+		t.Errorf("10 callers of an absent key, negative caching off: %d got ErrNotFound, %d something else, %d loads; want 10 ErrNotFound from at most 2 loads per process",
+			notFound.Load(), other.Load(), loads.Load())
+	}
+	t.Logf("figures: absent key, WithNotFoundTTL(0), 2 procs x 5 callers: %d ErrNotFound, %d other, loads=%d", notFound.Load(), other.Load(), loads.Load())
 }
