@@ -97,24 +97,3 @@ func ExampleCache_GetOrLoad() {
 	}
 	// Output: no such product
 }
-
-func ExampleObtain() {
-	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
-	defer rdb.Close()
-
-	// Only one instance runs the nightly report; the others give up at once.
-	lock, err := cache.Obtain(ctx, rdb, "example:job:nightly-report",
-		cache.WithLockTTL(time.Minute), cache.WithRetry(0, 0))
-	if errors.Is(err, cache.ErrLockNotAcquired) {
-		fmt.Println("another instance runs it")
-		return
-	}
-	if err != nil {
-		fmt.Println("error:", err)
-		return
-	}
-	defer lock.Release(ctx)
-	fmt.Println("running the report")
-	// Output: running the report
-}

@@ -48,9 +48,14 @@ func TestCRC16MatchesRedis(t *testing.T) {
 }
 
 func TestLockKeyMatchesRedisKeySlot(t *testing.T) {
-	// A cluster-enabled server answers CLUSTER KEYSLOT even before it has slots.
-	srv := redistest.NewServer(t, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
-	rdb := redistest.Client(t, srv.Addr)
+	// Only a cluster-enabled server answers CLUSTER KEYSLOT (even before it has
+	// slots): the test Redis if it is a cluster node, else a private one.
+	rdb := redistest.Client(t, redistest.Addr(t))
+	if err := rdb.ClusterKeySlot(t.Context(), "x").Err(); err != nil {
+		srv := redistest.PrivateServer(t, "CLUSTER KEYSLOT needs a cluster-enabled Redis and the test Redis is not one ("+err.Error()+")",
+			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
+		rdb = redistest.Client(t, srv.Addr)
+	}
 	for _, key := range []string{"product:42", "{user:7}:profile", "a{b", "a}b", "{}x", "}{", "x{}y{z}", "sp ace\n\x00bin"} {
 		want, err := rdb.ClusterKeySlot(t.Context(), key).Result()
 		require.NoError(t, err)

@@ -190,7 +190,9 @@ func commandCalls(t *testing.T, rdb *redis.Client) int {
 }
 
 func TestRedisCommandsGrowWithInstancesNotCallers(t *testing.T) {
-	srv := redistest.NewServer(t) // private: commandstats must see only this test
+	// CONFIG RESETSTAT and INFO commandstats are server-wide: this test must not
+	// reset a server it did not start, nor count other tests' commands.
+	srv := redistest.PrivateServer(t, "counting commands with INFO commandstats needs a server no other test uses")
 	admin := redistest.Client(t, srv.Addr)
 	const instances = 4
 	var caches []*Cache[product]

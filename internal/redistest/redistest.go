@@ -189,6 +189,28 @@ func NewServer(tb testing.TB, extra ...string) *Server {
 	return s
 }
 
+// RequirePrivateEnv, set to 1, turns the skip of [PrivateServer] into a
+// failure: CI sets it so that no test is skipped there for want of a binary.
+const RequirePrivateEnv = "REDISTEST_REQUIRE_PRIVATE"
+
+// PrivateServer is [NewServer] for a test that cannot use the shared test
+// Redis (it reads or resets server-wide counters, needs cluster mode, or
+// kills the server): without a redis-server binary on PATH the test is
+// skipped with a message that says why (the why argument) and how to run it,
+// or fails if REDISTEST_REQUIRE_PRIVATE=1.
+func PrivateServer(tb testing.TB, why string, extra ...string) *Server {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		msg := fmt.Sprintf("%s, so it starts its own redis-server, and there is none on PATH "+
+			"(REDIS_ADDR alone cannot run it; Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)", why)
+		if os.Getenv(RequirePrivateEnv) == "1" {
+			tb.Fatalf("%s; %s=1 forbids skipping", msg, RequirePrivateEnv)
+		}
+		tb.Skip(msg)
+	}
+	return NewServer(tb, extra...)
+}
+
 // Start (re)starts the server process on its port and waits until it answers.
 func (s *Server) Start() error {
 	cmd := exec.Command("redis-server", s.args...)
