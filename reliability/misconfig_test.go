@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -191,6 +192,27 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 			}
 			t.Logf("figures: Redis down, %s, %d calls on distinct keys: %d ok, %d ErrCircuitOpen, %d other errors, %d loads; Redis commands sent=%d, dials=%d; %v in all, %v per call",
 				pol.name, calls, ok, circuitOpen, otherErrs, loads, cmds, dials, took.Round(time.Millisecond), (took / calls).Round(time.Microsecond))
+
+			// A longer outage: 8 workers calling every 10ms for 2.5s, with
+			// the default 1s cool-down, may send one probe per cool-down.
+			hook.cmds.Store(0)
+			var sustained atomic.Int64
+			var wg sync.WaitGroup
+			const probesAllowed = 4 // 2.5s / 1s, rounded up, plus one for timer slack
+			for w := range 8 {
+				wg.Go(func() {
+					for start := time.Now(); time.Since(start) < 2500*time.Millisecond; {
+						k := "breaker:long:" + strconv.Itoa(w) + ":" + strconv.FormatInt(sustained.Add(1), 10)
+						_, _ = c.GetOrLoad(ctx, k, src.loader(k, "v"))
+						time.Sleep(10 * time.Millisecond)
+					}
+				})
+			}
+			wg.Wait()
+			if n := hook.cmds.Load(); n > probesAllowed {
+				t.Errorf("%d calls over a 2.5s outage sent %d commands; want at most %d (one probe per 1s cool-down)", sustained.Load(), n, probesAllowed)
+			}
+			t.Logf("figures: %s: %d more calls from 8 goroutines over 2.5s of outage sent %d commands (probes)", pol.name, sustained.Load(), hook.cmds.Load())
 
 			if err := srv.Start(); err != nil {
 				t.Fatalf("restart redis: %v", err)
