@@ -1,8 +1,10 @@
-# Makefile: shortcuts; the README commands work without make.
-.PHONY: test demo bench lint fuzz ci
+# Makefile: shortcuts; the README commands work without make. The repository
+# is four modules tied by go.work: "./..." alone stops at the root module, so
+# the targets name every module ("work" is all packages of all of them).
+.PHONY: test demo bench lint tidy fuzz ci
 
 test:
-	go test -race ./...
+	go test -race ./... ./examples/... ./benchmarks/... ./reliability/...
 
 demo:
 	go run ./examples/hotkey
@@ -11,8 +13,11 @@ bench:
 	./benchmarks/run.sh
 
 lint:
-	go vet ./...
-	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	go vet work
+	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 work
+
+tidy:
+	for d in $$(go list -m -f '{{.Dir}}'); do (cd $$d && go mod tidy) || exit 1; done
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzDecodeRecord -fuzztime 60s ./cache
