@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"runtime/debug"
 )
 
@@ -37,25 +38,42 @@ var (
 	// (see [LockKey]), so that a value can never be stored where a lock lives.
 	ErrReservedKey = errors.New("cache: key has the reserved shape of a lock name")
 
+	// ErrCircuitOpen is returned under [FailClosed] while the circuit breaker
+	// keeps calls away from an unreachable Redis (see [WithCircuitBreaker]).
+	ErrCircuitOpen = errors.New("cache: circuit breaker open: Redis unreachable")
+
 	// ErrNilLoader is returned by [Cache.GetOrLoad] when the loader is nil.
 	ErrNilLoader = errors.New("cache: nil loader")
 )
 
-// panicError is a panic turned into an error, so that every merged caller
-// gets it instead of the process crashing in singleflight's goroutine.
-type panicError struct {
+// PanicError is a panic in the loader (or the codec) turned into an error,
+// so that every merged caller gets it instead of the process crashing. Match
+// it with errors.As; errors.Is sees an error value the loader panicked with.
+type PanicError struct {
+	Value any // what the loader passed to panic
 	in    string // "loader", "codec" or "flight"
-	value any
 	stack []byte
 }
 
-func (p *panicError) Error() string {
-	return fmt.Sprintf("cache: %s panicked: %v\n\n%s", p.in, p.value, p.stack)
+// Error is one line; the stack is in Stack and in the %+v format.
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("cache: %s panicked: %v", p.in, p.Value)
+}
+
+// Stack returns the stack of the goroutine that panicked.
+func (p *PanicError) Stack() []byte { return p.stack }
+
+// Format prints the stack after the message for %+v.
+func (p *PanicError) Format(f fmt.State, verb rune) {
+	io.WriteString(f, p.Error())
+	if verb == 'v' && f.Flag('+') {
+		fmt.Fprintf(f, "\n\n%s", p.stack)
+	}
 }
 
 // Unwrap lets errors.Is see an error value the loader panicked with.
-func (p *panicError) Unwrap() error {
-	err, _ := p.value.(error)
+func (p *PanicError) Unwrap() error {
+	err, _ := p.Value.(error)
 	return err
 }
 
@@ -69,7 +87,7 @@ type loaded[V any] struct {
 }
 
 // callLoader runs load in a goroutine of its own and waits for it until ctx
-// ends. A panic becomes a *panicError and runtime.Goexit becomes errGoexit,
+// ends. A panic becomes a *PanicError and runtime.Goexit becomes errGoexit,
 // instead of ending the flight's goroutine with every caller still waiting.
 // A loader that outlives ctx is abandoned: its callers get an error and the
 // lock is released, and its goroutine ends when it returns. Loads are misses,
@@ -80,7 +98,7 @@ func callLoader[V any](ctx context.Context, load func(context.Context) (V, error
 		r := loaded[V]{err: errGoexit} // kept only if load never returns
 		defer func() {
 			if p := recover(); p != nil {
-				r = loaded[V]{err: &panicError{in: "loader", value: p, stack: debug.Stack()}}
+				r = loaded[V]{err: &PanicError{in: "loader", Value: p, stack: debug.Stack()}}
 			}
 			ch <- r
 		}()

@@ -33,19 +33,24 @@ var (
 // missing key once across all the processes that share the Redis. It is safe
 // for concurrent use; create one per value type and reuse it.
 type Cache[V any] struct {
-	rdb   redis.UniversalClient
-	cfg   config
-	group singleflight.Group // merges this process's callers of one key
+	rdb     redis.UniversalClient
+	cfg     config
+	cluster bool               // rdb is a *redis.ClusterClient: Delete sends single-key commands
+	group   singleflight.Group // merges this process's callers of one key
+	brk     breaker
 }
 
-// New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient
-// or failover client. Invalid options panic, naming the option: they are
-// programming errors, found at start-up.
+// New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient,
+// *redis.Ring or failover client. Invalid options panic, naming the option:
+// they are programming errors, found at start-up.
 func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	if rdb == nil {
 		panic("cache: New: nil Redis client")
 	}
-	return &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
+	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
+	_, c.cluster = rdb.(*redis.ClusterClient)
+	c.brk.threshold, c.brk.coolDown = int32(c.cfg.breaker.failures), c.cfg.breaker.coolDown
+	return c
 }
 
 // result is what one flight hands to all of its callers.
@@ -55,6 +60,12 @@ type result[V any] struct {
 	v        V           // on a hit, data already decoded once...
 	hasV     bool        // ...for the first caller to take
 	taken    atomic.Bool // whether v has been handed out
+	// at is when the Redis call that vouches for this result was sent: the
+	// read that found it, the commit that stored it, or for a load whose lock
+	// was lost, the lock's acquisition. A caller that began after at may
+	// have begun after a Delete in another process removed it, so it asks
+	// again rather than take it.
+	at time.Time
 }
 
 // GetOrLoad returns the value at key. On a miss it takes the key's load lock,
@@ -66,17 +77,22 @@ type result[V any] struct {
 // values are used for it. The flight runs on a context detached from the
 // callers' cancellation and bounded by [WithLoadTimeout]; load receives that
 // context. Each caller stops waiting when its own ctx ends and returns
-// ctx.Err(), without disturbing the flight.
+// ctx.Err(), without disturbing the flight. A caller never gets a value that
+// a [Cache.Delete] which returned before the caller began has removed, in
+// any process: a flight older than the caller is asked again.
 //
 // Every caller gets its own decoded copy of the value. Errors: [ErrEmptyKey],
-// [ErrNilLoader]; [ErrNotFound] when load (now or within the not-found TTL)
-// returned it; load's own error unchanged (a panic in load becomes an error);
-// [ErrLockNotAcquired] when the retry budget ran out while another process
-// was loading; an error wrapping context.DeadlineExceeded when the load
-// timeout ended the wait, the loader or a Redis call; a Redis error under
-// [FailClosed]; an encoding error when the codec cannot encode the loaded
-// value (nothing is cached). Errors the cache absorbs instead of returning go
-// to [WithErrorHook].
+// [ErrReservedKey], [ErrNilLoader]; [ErrNotFound] when load (now or within
+// the not-found TTL) returned it; load's own error unchanged (a panic in load
+// becomes a [*PanicError]); an error wrapping [ErrLockNotAcquired], naming
+// the key, when the retry budget ran out while another process was loading;
+// an error wrapping context.DeadlineExceeded when the load timeout ended the
+// wait, the loader or a Redis call; a Redis error under [FailClosed] (or
+// [ErrCircuitOpen] while the breaker is open), and under every policy a
+// Redis reply that means misconfiguration (NOAUTH, WRONGPASS, NOPERM, an
+// unknown command); an encoding error when the codec cannot encode the
+// loaded value (nothing is cached). Errors the cache absorbs instead of
+// returning go to [WithErrorHook].
 func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error)) (V, error) {
 	var zero V
 	key, err := c.key(key)
@@ -86,25 +102,37 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 	if load == nil {
 		return zero, ErrNilLoader
 	}
-	ch := c.group.DoChan(key, func() (r any, err error) {
-		defer func() { // a panic decoding a hit: an error for the callers, not a crash
-			if p := recover(); p != nil {
-				err = &panicError{in: "flight", value: p, stack: debug.Stack()}
+	start := time.Now()
+	for {
+		ch := c.group.DoChan(key, func() (any, error) { return c.flight(ctx, key, load) })
+		select {
+		case r := <-ch:
+			if r.Err != nil {
+				return zero, r.Err
 			}
-		}()
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
-		defer cancel()
-		return c.fetch(fctx, key, load)
-	})
-	select {
-	case r := <-ch:
-		if r.Err != nil {
-			return zero, r.Err
+			res := r.Val.(*result[V])
+			if res.at.Before(start) {
+				// The flight's answer predates this caller. The flight has
+				// left the group, so the next one starts after start.
+				continue
+			}
+			return c.value(res)
+		case <-ctx.Done():
+			return zero, ctx.Err()
 		}
-		return c.value(r.Val.(*result[V]))
-	case <-ctx.Done():
-		return zero, ctx.Err()
 	}
+}
+
+// flight is the shared work of one key's merged callers.
+func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Context) (V, error)) (r *result[V], err error) {
+	defer func() { // a panic decoding a hit: an error for the callers, not a crash
+		if p := recover(); p != nil {
+			err = &PanicError{in: "flight", Value: p, stack: debug.Stack()}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
+	defer cancel()
+	return c.fetch(ctx, key, load)
 }
 
 // value hands a flight's result to one caller.
@@ -123,8 +151,13 @@ func (c *Cache[V]) value(r *result[V]) (V, error) {
 }
 
 // Delete removes the values at keys and their load locks. A load in flight
-// for one of them when Delete runs finds its lock gone and writes nothing, so
-// the next read loads fresh data. Keys may be in different cluster slots.
+// for one of them when Delete runs, in any process, finds its lock gone and
+// writes nothing, and no GetOrLoad that begins after Delete returns gets the
+// removed value or that load's. Keys may be in different cluster slots; on a
+// cluster, Delete sends single-key commands (each lock before its value), so
+// it also succeeds while a slot migrates. Transient cluster errors are
+// retried within the retry budget. Errors: [ErrEmptyKey], [ErrReservedKey],
+// or a Redis error wrapped as "cache: redis: ...".
 func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 	full := make([]string, len(keys))
 	for i, k := range keys {
@@ -134,16 +167,50 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 		}
 		full[i] = k
 	}
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	defer func() {
 		for _, k := range full {
+			c.group.Forget(k) // later callers must not join a flight that began before the delete
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		err := c.del(ctx, full)
+		if err == nil {
+			return nil
+		}
+		if classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
+			return fmt.Errorf("cache: redis: %w", err)
+		}
+	}
+}
+
+// del removes keys and their locks: on a cluster with single-key commands,
+// locks first, so that a holder cannot commit between the two; elsewhere
+// with one DEL per key, which a redis.Ring routes by the value key, where
+// the lock lives.
+func (c *Cache[V]) del(ctx context.Context, keys []string) error {
+	pipe := func(fn func(p redis.Pipeliner)) error {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { fn(p); return nil })
+		return err
+	}
+	if c.cluster {
+		if err := pipe(func(p redis.Pipeliner) {
+			for _, k := range keys {
+				p.Del(ctx, LockKey(k))
+			}
+		}); err != nil {
+			return err
+		}
+		return pipe(func(p redis.Pipeliner) {
+			for _, k := range keys {
+				p.Del(ctx, k)
+			}
+		})
+	}
+	return pipe(func(p redis.Pipeliner) {
+		for _, k := range keys {
 			p.Del(ctx, k, LockKey(k))
 		}
-		return nil
 	})
-	for _, k := range full {
-		c.group.Forget(k) // later callers must not join a flight that began before the delete
-	}
-	return err
 }
 
 // key checks a caller's key and returns it with the prefix.
@@ -158,26 +225,74 @@ func (c *Cache[V]) key(k string) (string, error) {
 	return k, nil
 }
 
+// redisCall records a Redis call's outcome with the breaker and the
+// observer, and classifies its error.
+func (c *Cache[V]) redisCall(key string, err error) errClass {
+	class := classify(err)
+	switch c.brk.record(class) {
+	case +1:
+		c.cfg.emit(EventBreakerOpen, key, 0, err)
+	case -1:
+		c.cfg.emit(EventBreakerClose, key, 0, nil)
+	}
+	if class != errNone {
+		c.cfg.emit(EventRedisError, key, 0, err)
+	}
+	return class
+}
+
 // fetch is one flight: read, then read-or-lock until a value or the lock.
 func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error)) (*result[V], error) {
+	if !c.brk.allow() {
+		return c.redisFailed(ctx, key, ErrCircuitOpen, load)
+	}
+	at := time.Now()
 	b, err := c.rdb.Get(ctx, key).Bytes()
 	var skip []byte // bytes at key we could not decode: a miss, to be replaced
-	switch {
+	switch class := c.redisCall(key, err); {
 	case err == nil:
-		if r := c.decode(b); r != nil {
+		if r := c.decode(b, at); r != nil {
+			c.cfg.emit(EventHit, key, 0, nil)
 			return r, nil
 		}
 		skip = b
-	case errors.Is(err, redis.Nil), isWrongType(err):
+	case errors.Is(err, redis.Nil), isWrongType(err), class == errTransient:
+	case class == errFatal:
+		return nil, fmt.Errorf("cache: redis: %w", err)
 	default:
 		return c.redisFailed(ctx, key, err, load)
 	}
+	c.cfg.emit(EventMiss, key, 0, nil)
 
 	lk := newLoadLock(key)
+	var waitStart time.Time
 	for attempt := 1; ; attempt++ {
-		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(),
-			lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
-		if err != nil {
+		at := time.Now()
+		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
+		switch c.redisCall(key, err) {
+		case errNone:
+			if res[0].(int64) == 1 {
+				b := []byte(res[1].(string))
+				if r := c.decode(b, at); r != nil {
+					c.waited(key, waitStart, nil)
+					return r, nil
+				}
+				skip = b
+			} else if res[1].(int64) == 1 {
+				c.waited(key, waitStart, nil)
+				return c.load(ctx, key, lk, at, load)
+			} else if waitStart.IsZero() {
+				waitStart = time.Now()
+				c.cfg.emit(EventLockContended, key, 0, nil)
+			}
+		case errTransient: // a slot migrating, a failover: wait it out like a held lock
+			if !c.cfg.retry.wait(ctx, attempt) {
+				return c.redisFailed(ctx, key, err, load)
+			}
+			continue
+		case errFatal:
+			return nil, fmt.Errorf("cache: redis: %w", err)
+		default:
 			// The lock is ours if only the reply was lost. Release it in the
 			// background: on a stalled Redis a second round trip would double
 			// the wait before the failure policy applies. The goroutine ends
@@ -185,51 +300,67 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			go c.release(ctx, key, lk)
 			return c.redisFailed(ctx, key, err, load)
 		}
-		if res[0].(int64) == 1 {
-			b := []byte(res[1].(string))
-			if r := c.decode(b); r != nil {
-				return r, nil
-			}
-			skip = b
-		} else if res[1].(int64) == 1 {
-			return c.load(ctx, key, lk, load)
-		}
 		if !c.cfg.retry.wait(ctx, attempt) {
-			return nil, notAcquired(ctx)
+			err := c.notAcquired(ctx, key)
+			c.waited(key, waitStart, err)
+			return nil, err
 		}
 	}
 }
 
-// decode reads a record; nil means it is not one this version can read.
-func (c *Cache[V]) decode(b []byte) *result[V] {
+// waited reports the end of a wait for another holder, if there was one.
+func (c *Cache[V]) waited(key string, start time.Time, err error) {
+	if !start.IsZero() {
+		c.cfg.emit(EventWait, key, time.Since(start), err)
+	}
+}
+
+// notAcquired is the error of a waiter whose budget ran out.
+func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("cache: waited for another process to load %q until the load timeout (%v): %w",
+			key, c.cfg.loadTimeout, errors.Join(ErrLockNotAcquired, err))
+	}
+	return fmt.Errorf("%w: %q was still being loaded by another process after %d retries %v apart",
+		ErrLockNotAcquired, key, c.cfg.retry.max, c.cfg.retry.backoff)
+}
+
+// decode reads a record found at time at; nil means it is not one this
+// version can read.
+func (c *Cache[V]) decode(b []byte, at time.Time) *result[V] {
 	flags, payload, err := decodeRecord(b)
 	if err != nil {
 		return nil
 	}
 	if flags&flagNotFound != 0 {
-		return &result[V]{notFound: ErrNotFound}
+		return &result[V]{notFound: ErrNotFound, at: at}
 	}
-	r := &result[V]{data: payload, hasV: true}
+	r := &result[V]{data: payload, hasV: true, at: at}
 	if c.cfg.codec.Unmarshal(payload, &r.v) != nil {
 		return nil
 	}
 	return r
 }
 
-// load runs the loader as the lock holder, with the watchdog extending the
-// lease, and commits the outcome.
-func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, load func(context.Context) (V, error)) (*result[V], error) {
-	stop := c.watchdog(ctx, lk)
+// load runs the loader as the lock holder (the lock taken by the call sent
+// at locked), with the watchdog extending the lease, and commits the outcome.
+func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked time.Time, load func(context.Context) (V, error)) (*result[V], error) {
+	stop := c.watchdog(ctx, key, lk)
+	began := time.Now()
 	v, err := callLoader(ctx, load)
+	c.cfg.emit(EventLoad, key, time.Since(began), err)
 	stop()
 	r, err := c.outcome(key, v, err)
 	switch {
-	case err != nil, r.notFound != nil && c.cfg.notFoundTTL == 0:
+	case err != nil:
 		c.release(ctx, key, lk)
+	case r.notFound != nil && c.cfg.notFoundTTL == 0:
+		c.release(ctx, key, lk)
+		r.at = locked
 	case r.notFound != nil:
-		c.commit(ctx, key, lk, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
+		r.at = c.commit(ctx, key, lk, locked, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
 	default:
-		c.commit(ctx, key, lk, encodeRecord(0, r.data), c.jittered(c.cfg.ttl))
+		r.at = c.commit(ctx, key, lk, locked, encodeRecord(0, r.data), c.jittered(c.cfg.ttl))
 	}
 	return r, err
 }
@@ -238,7 +369,7 @@ func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, load func
 // every caller, the first included, decodes the encoded bytes, so that all
 // see exactly what the cache stores.
 func (c *Cache[V]) outcome(key string, v V, err error) (*result[V], error) {
-	var pe *panicError
+	var pe *PanicError
 	switch {
 	case errors.As(err, &pe): // even a panic with ErrNotFound is a failure
 		return nil, err
@@ -259,7 +390,7 @@ func (c *Cache[V]) outcome(key string, v V, err error) (*result[V], error) {
 func (c *Cache[V]) marshal(v V) (data []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = &panicError{in: "codec", value: p, stack: debug.Stack()}
+			err = &PanicError{in: "codec", Value: p, stack: debug.Stack()}
 		}
 	}()
 	return c.cfg.codec.Marshal(v)
@@ -272,18 +403,30 @@ func (c *Cache[V]) cleanup(ctx context.Context) (context.Context, context.Cancel
 	return context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
 }
 
-// commit writes record if the lock is still ours. The loaded value is
-// returned to the callers either way: it is what the source said, only a
-// newer writer (or a Delete) keeps it out of Redis.
-func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, record []byte, ttl time.Duration) {
+// commit writes record if the lock is still ours, retrying transient cluster
+// errors within the lease. The loaded value is returned to the callers
+// either way: it is what the source said, only a newer writer (or a Delete)
+// keeps it out of Redis. It returns the time that vouches for the value:
+// the commit's when stored, else the lock's acquisition (locked).
+func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, locked time.Time, record []byte, ttl time.Duration) time.Time {
 	ctx, cancel := c.cleanup(ctx)
 	defer cancel()
-	n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds()).Int()
-	switch {
-	case err != nil:
-		c.report(key, fmt.Errorf("cache: store %q: %w", key, err))
-	case n == 0:
-		c.report(key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", key, ErrLockNotHeld))
+	for attempt := 1; ; attempt++ {
+		at := time.Now()
+		n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds()).Int()
+		class := c.redisCall(key, err)
+		switch {
+		case class == errTransient && c.cfg.retry.wait(ctx, attempt):
+			continue
+		case err != nil:
+			c.report(key, fmt.Errorf("cache: store %q: %w", key, err))
+		case n == 0:
+			c.cfg.emit(EventLockLost, key, 0, ErrLockNotHeld)
+			c.report(key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", key, ErrLockNotHeld))
+		default:
+			return at
+		}
+		return locked
 	}
 }
 
@@ -291,8 +434,15 @@ func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, record 
 func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock) {
 	ctx, cancel := c.cleanup(ctx)
 	defer cancel()
-	if err := lk.release(ctx, c.rdb); err != nil && !errors.Is(err, ErrLockNotHeld) {
-		c.report(key, fmt.Errorf("cache: release lock of %q: %w", key, err))
+	for attempt := 1; ; attempt++ {
+		err := lk.release(ctx, c.rdb)
+		if c.redisCall(key, err) == errTransient && c.cfg.retry.wait(ctx, attempt) {
+			continue
+		}
+		if err != nil && !errors.Is(err, ErrLockNotHeld) {
+			c.report(key, fmt.Errorf("cache: release lock of %q: %w", key, err))
+		}
+		return
 	}
 }
 
@@ -304,7 +454,7 @@ func (c *Cache[V]) report(key string, err error) {
 
 // watchdog extends lk every lockTTL/3 until the returned stop is called or
 // the lock turns out to be lost. stop waits for the goroutine to end.
-func (c *Cache[V]) watchdog(ctx context.Context, lk *loadLock) (stop func()) {
+func (c *Cache[V]) watchdog(ctx context.Context, key string, lk *loadLock) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -317,24 +467,36 @@ func (c *Cache[V]) watchdog(ctx context.Context, lk *loadLock) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if errors.Is(lk.extend(ctx, c.rdb, c.cfg.lockTTL), ErrLockNotHeld) {
+				err := lk.extend(ctx, c.rdb, c.cfg.lockTTL)
+				if errors.Is(err, ErrLockNotHeld) {
 					return
 				}
+				c.redisCall(key, err)
 			}
 		}
 	})
 	return func() { close(done); wg.Wait() }
 }
 
-// redisFailed applies the failure policy to a Redis error.
+// redisFailed applies the failure policy to a Redis outage.
 func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error)) (*result[V], error) {
-	err = fmt.Errorf("cache: redis: %w", err)
+	if !errors.Is(err, ErrCircuitOpen) {
+		err = fmt.Errorf("cache: redis: %w", err)
+	}
 	if ctx.Err() != nil || c.cfg.policy == FailClosed {
 		return nil, err
 	}
-	c.report(key, err)
+	if !errors.Is(err, ErrCircuitOpen) { // an open breaker is reported once, as EventBreakerOpen
+		c.report(key, err)
+	}
+	began := time.Now()
 	v, err := callLoader(ctx, load)
-	return c.outcome(key, v, err)
+	c.cfg.emit(EventLoad, key, time.Since(began), err)
+	r, err := c.outcome(key, v, err)
+	if r != nil {
+		r.at = time.Now() // from the source itself, after every caller of the flight joined
+	}
+	return r, err
 }
 
 // jittered spreads d by the configured fraction, to at least 1ms and without
@@ -346,5 +508,3 @@ func (c *Cache[V]) jittered(d time.Duration) time.Duration {
 	}
 	return max(d+delta, time.Millisecond)
 }
-
-func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }

@@ -6,6 +6,7 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -14,10 +15,12 @@ const (
 	DefaultTTL         = time.Hour
 	DefaultNotFoundTTL = time.Minute
 	DefaultLockTTL     = 5 * time.Second
-	DefaultMaxRetries  = 60
 	DefaultBackoff     = 100 * time.Millisecond
 	DefaultJitter      = 0.1
 	DefaultLoadTimeout = 30 * time.Second
+
+	DefaultBreakerFailures = 5
+	DefaultBreakerCoolDown = time.Second
 )
 
 // FailurePolicy says what [Cache.GetOrLoad] does when Redis cannot be reached
@@ -45,11 +48,17 @@ type config struct {
 	notFoundTTL time.Duration
 	lockTTL     time.Duration
 	retry       retryPolicy
+	retrySet    bool // WithRetry given; otherwise the budget follows the load timeout
 	jitter      float64
 	loadTimeout time.Duration
 	codec       Codec
 	policy      FailurePolicy
 	onError     func(key string, err error)
+	observer    func(Event)
+	breaker     struct {
+		failures int // 0: off
+		coolDown time.Duration
+	}
 }
 
 func newConfig(opts []Option) config {
@@ -57,7 +66,7 @@ func newConfig(opts []Option) config {
 		ttl:         DefaultTTL,
 		notFoundTTL: DefaultNotFoundTTL,
 		lockTTL:     DefaultLockTTL,
-		retry:       retryPolicy{max: DefaultMaxRetries, backoff: DefaultBackoff},
+		retry:       retryPolicy{backoff: DefaultBackoff},
 		jitter:      DefaultJitter,
 		loadTimeout: DefaultLoadTimeout,
 		codec:       JSON,
@@ -68,6 +77,12 @@ func newConfig(opts []Option) config {
 			panic(errors.New("cache: nil Option"))
 		}
 		o(&c)
+	}
+	if c.breaker.failures == 0 && c.breaker.coolDown == 0 {
+		c.breaker.failures, c.breaker.coolDown = DefaultBreakerFailures, DefaultBreakerCoolDown
+	}
+	if !c.retrySet && c.loadTimeout > 0 { // a waiter waits as long as a holder may legitimately load
+		c.retry.max = int((c.loadTimeout + c.retry.backoff - 1) / c.retry.backoff)
 	}
 	if err := c.validate(); err != nil {
 		panic(err)
@@ -97,6 +112,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("cache: WithLoadTimeout(%v): timeout must be positive", c.loadTimeout)
 	case c.codec == nil:
 		return fmt.Errorf("cache: WithCodec(nil): codec must not be nil")
+	case c.breaker.failures < 0 || c.breaker.failures > math.MaxInt32 || c.breaker.failures > 0 && c.breaker.coolDown <= 0:
+		return fmt.Errorf("cache: WithCircuitBreaker(%d, %v): failures must be positive and the cool-down positive", c.breaker.failures, c.breaker.coolDown)
 	case c.policy != FailOpen && c.policy != FailClosed:
 		return fmt.Errorf("cache: WithFailurePolicy(%d): unknown policy", c.policy)
 	}
@@ -124,17 +141,38 @@ func WithNotFoundTTL(d time.Duration) Option { return func(c *config) { c.notFou
 func WithLockTTL(d time.Duration) Option { return func(c *config) { c.lockTTL = d } }
 
 // WithRetry sets the waiter budget: after a first lock attempt that finds
-// another holder, up to maxRetries more attempts, each after sleeping backoff
-// (cut short by the shared load's context) and each re-reading the cache in
-// the same round trip. When the budget is spent the caller gets
-// [ErrLockNotAcquired]. Default: 60 retries of 100ms ([DefaultMaxRetries],
-// [DefaultBackoff]): 6s, longer than the default lock TTL, so a crashed
-// holder's lease runs out within the budget and a waiter takes over. Make
-// maxRetries*backoff longer than your slowest load. maxRetries 0 means one
-// attempt and no waiting. Negative maxRetries, or a non-positive backoff with
-// retries, make [New] panic.
+// another holder, up to maxRetries more attempts, each after waiting up to
+// backoff (cut short when the holder's notification arrives, or by the
+// shared load's context) and each re-reading the cache in the same round
+// trip. When the budget is spent the caller gets an error wrapping
+// [ErrLockNotAcquired] that names the key and the budget. Default: 100ms
+// ([DefaultBackoff]) and as many retries as fit in the load timeout (300 for
+// the default 30s, see [WithLoadTimeout]): a waiter waits as long as the
+// holder may legitimately load, and a crashed holder's lease (5s) runs out
+// well within it. maxRetries 0 means one attempt and no waiting. Negative
+// maxRetries, or a non-positive backoff with retries, make [New] panic.
 func WithRetry(maxRetries int, backoff time.Duration) Option {
-	return func(c *config) { c.retry = retryPolicy{max: maxRetries, backoff: backoff} }
+	return func(c *config) { c.retry, c.retrySet = retryPolicy{max: maxRetries, backoff: backoff}, true }
+}
+
+// WithCircuitBreaker sets when the cache stops calling an unreachable Redis:
+// after failures consecutive Redis calls fail without a reply (refused
+// connections, timeouts), Redis is skipped for coolDown; then one call
+// probes it, and its success closes the breaker. While open, [FailOpen]
+// calls the loader at once (still merged per key in the process) and
+// [FailClosed] returns [ErrCircuitOpen]: an outage costs microseconds per
+// call, not the client's dial retries. Replies that are errors (a wrong
+// password, say) never open it. Default: 5 failures, 1s
+// ([DefaultBreakerFailures], [DefaultBreakerCoolDown]). See
+// [WithoutCircuitBreaker].
+func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
+	return func(c *config) { c.breaker.failures, c.breaker.coolDown = failures, coolDown }
+}
+
+// WithoutCircuitBreaker makes every call try Redis, however long it has been
+// down.
+func WithoutCircuitBreaker() Option {
+	return func(c *config) { c.breaker.failures, c.breaker.coolDown = 0, -1 }
 }
 
 // WithJitter spreads expiries of values loaded together: each TTL is drawn

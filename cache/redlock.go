@@ -19,7 +19,8 @@ import (
 // following the Redlock algorithm (https://redis.io/docs/latest/develop/use/patterns/distributed-locks/):
 //
 //  1. Note the time, then try SET key token NX PX ttl on all N masters at
-//     once, waiting at most [WithQuorumWait] (default ttl/10) for answers.
+//     once, waiting at most [WithQuorumWait] (default ttl/10) for their
+//     answers, and less once a majority has refused.
 //  2. The lock is ours when at least N/2+1 masters granted it and the
 //     validity time, ttl - elapsed - drift, is still positive, where elapsed
 //     is the time step 1 took and drift = ttl/100 + 2ms allows for clock drift
@@ -99,12 +100,13 @@ var errNoAnswer = errors.New("no answer within the quorum wait")
 // has not answered by then gets errNoAnswer. Each call runs in a goroutine of
 // its own that ends when the call does (bounded by the client's timeouts,
 // and cancelled by finish); with after, that goroutine then waits for finish
-// and runs after with its master's real answer, to clean up after calls that
-// answered late. The caller must call finish once it has decided.
+// and runs after with its master's real answer and whether it came too late
+// to be counted, to clean up. The caller must call finish once it has
+// decided.
 func (l *Lock) round(ctx context.Context, deadline time.Time,
 	call func(context.Context, redis.Scripter) (int64, error),
 	settled func(yes, no int) bool,
-	after func(i int, a answer),
+	after func(i int, a answer, late bool),
 ) (answers []answer, finish func()) {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	over := make(chan struct{})
@@ -113,13 +115,14 @@ func (l *Lock) round(ctx context.Context, deadline time.Time,
 		a answer
 	}
 	replies := make(chan reply, len(l.masters)) // never blocks a sender
+	counted := make([]bool, len(l.masters))     // written before over is closed
 	for i, m := range l.masters {
 		go func() {
 			n, err := call(rctx, m)
 			replies <- reply{i, answer{n, err}}
 			if after != nil {
 				<-over
-				after(i, answer{n, err})
+				after(i, answer{n, err}, !counted[i])
 			}
 		}()
 	}
@@ -132,7 +135,7 @@ wait:
 	for left := len(l.masters); left > 0 && (settled == nil || !settled(yes, no)); left-- {
 		select {
 		case r := <-replies:
-			answers[r.i] = r.a
+			answers[r.i], counted[r.i] = r.a, true
 			if r.a.err == nil && r.a.n == 1 {
 				yes++
 			} else {
@@ -161,12 +164,20 @@ func (l *Lock) tryQuorum(ctx context.Context, _ bool) (bool, error) {
 		func(ctx context.Context, m redis.Scripter) (int64, error) {
 			return lockObtainScript.Run(ctx, m, keys, l.value, l.tokenLen, ms).Int64()
 		},
-		func(yes, no int) bool { return yes >= l.quorum || no > len(l.masters)-l.quorum },
-		func(i int, a answer) {
-			if (a.err == nil && a.n == 0) || (won && !isClosed(l.released)) {
-				return // not ours, or part of a lock still held
+		// Wait for every master while success is possible, so that the lock
+		// is set on as many as answer within the wait; give up early once
+		// a majority is out of reach.
+		func(yes, no int) bool { return no > len(l.masters)-l.quorum },
+		func(i int, a answer, late bool) {
+			switch {
+			case a.err == nil && a.n == 0:
+				return // not ours
+			case won && !late:
+				return // part of the lock: Release will see to it
+			case won && !isClosed(l.released):
+				return // granted late, but the lock is still held: Release will see to it
 			}
-			l.releaseOn(ctx, l.masters[i])
+			l.releaseOn(ctx, l.masters[i]) // a failed attempt, or granted after Release
 		})
 	yes := granted(answers)
 	elapsed := time.Since(start)

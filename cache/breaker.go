@@ -1,0 +1,63 @@
+// breaker.go is the circuit breaker: after consecutive Redis outages the
+// cache stops calling Redis for a cool-down, so that an outage costs a
+// caller microseconds instead of the client's dial retries, then lets one
+// call through to probe.
+
+package cache
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// epoch anchors the breaker's monotonic clock.
+var epoch = time.Now()
+
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+// breaker is safe for concurrent use. The zero value with threshold 0 never
+// opens.
+type breaker struct {
+	threshold int32
+	coolDown  time.Duration
+	fails     atomic.Int32 // consecutive outages
+	until     atomic.Int64 // 0: closed; else the nanotime of the next probe
+}
+
+// allow reports whether a call may go to Redis: always while closed; once per
+// cool-down while open (the probe).
+func (b *breaker) allow() bool {
+	u := b.until.Load()
+	if u == 0 {
+		return true
+	}
+	now := nanotime()
+	return now >= u && b.until.CompareAndSwap(u, now+int64(b.coolDown))
+}
+
+// open reports whether the breaker is open, for callers that must not probe.
+func (b *breaker) open() bool { return b.until.Load() != 0 }
+
+// record counts a Redis call's outcome; it reports whether the breaker
+// opened (+1) or closed (-1) with it.
+func (b *breaker) record(c errClass) int {
+	if b.threshold == 0 {
+		return 0
+	}
+	if c != errOutage {
+		if b.fails.Load() != 0 {
+			b.fails.Store(0)
+		}
+		if b.until.Load() != 0 && b.until.Swap(0) != 0 {
+			return -1
+		}
+		return 0
+	}
+	if b.fails.Add(1) < b.threshold {
+		return 0
+	}
+	if b.until.Swap(nanotime()+int64(b.coolDown)) == 0 {
+		return +1
+	}
+	return 0
+}

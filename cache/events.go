@@ -1,0 +1,85 @@
+// events.go is what the cache reports for metrics and logs: one Event per
+// step, sent to the function given to WithObserver. The cache depends on no
+// metrics library; adapters (OpenTelemetry, slog) live in their own modules.
+
+package cache
+
+import "time"
+
+// EventKind says what an [Event] reports.
+type EventKind uint8
+
+// The events, in the order a miss meets them. Duration and Err are set where
+// the kind says so.
+const (
+	// EventHit: a fresh value (or a cached not-found) was read from Redis.
+	EventHit EventKind = iota + 1
+	// EventMiss: the key was absent, expired or unreadable; a load or a wait
+	// follows.
+	EventMiss
+	// EventLoad: this process's loader returned. Duration: how long it ran;
+	// Err: its error (nil, ErrNotFound, or a failure).
+	EventLoad
+	// EventLockContended: another holder was loading the key; this flight
+	// waits for it.
+	EventLockContended
+	// EventWait: a wait for another holder ended. Duration: how long it
+	// lasted; Err: nil when a value came, else why the wait ended.
+	EventWait
+	// EventWoken: a waiter was woken by the holder's notification rather
+	// than by its poll interval.
+	EventWoken
+	// EventLockLost: a loaded value was not stored because the lock was no
+	// longer this holder's (a Delete or Set ran, or the lease lapsed).
+	EventLockLost
+	// EventStaleServed: a value past its TTL was served. Err: why (nil while
+	// a refresh runs; the loader's or Redis's error, or a timeout, otherwise).
+	EventStaleServed
+	// EventRefresh: a background refresh (early refresh, or revalidation of
+	// a stale value) ended. Duration: its load time; Err: its error.
+	EventRefresh
+	// EventRedisError: a Redis call failed. Err: the error.
+	EventRedisError
+	// EventBreakerOpen: consecutive Redis outages opened the circuit breaker;
+	// Redis is skipped until a probe succeeds.
+	EventBreakerOpen
+	// EventBreakerClose: a probe succeeded; Redis is used again.
+	EventBreakerClose
+)
+
+var eventNames = [...]string{
+	EventHit: "hit", EventMiss: "miss", EventLoad: "load", EventLockContended: "lock_contended",
+	EventWait: "wait", EventWoken: "woken", EventLockLost: "lock_lost", EventStaleServed: "stale_served",
+	EventRefresh: "refresh", EventRedisError: "redis_error", EventBreakerOpen: "breaker_open",
+	EventBreakerClose: "breaker_close",
+}
+
+// String returns the kind's snake_case name, for metric and log labels.
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) && eventNames[k] != "" {
+		return eventNames[k]
+	}
+	return "unknown"
+}
+
+// Event is one step of the cache's work on a key (the full Redis key, prefix
+// included).
+type Event struct {
+	Kind     EventKind
+	Key      string
+	Duration time.Duration
+	Err      error
+}
+
+// WithObserver sends every [Event] to fn: hits, misses, loads, waits, lost
+// locks, stale values served, refreshes, Redis errors and the circuit
+// breaker. fn is called synchronously on the goroutine doing the work, on the
+// hit path too, so it must be quick, must not block, and must be safe for
+// concurrent use. Default: none (no cost).
+func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }
+
+func (c *config) emit(kind EventKind, key string, d time.Duration, err error) {
+	if c.observer != nil {
+		c.observer(Event{Kind: kind, Key: key, Duration: d, Err: err})
+	}
+}

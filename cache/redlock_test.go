@@ -1,0 +1,302 @@
+// redlock_test.go proves ObtainQuorum against five real redis-server
+// processes on loopback, with some of them killed or stopped (SIGSTOP).
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// quorumSet is five independent Redis masters, each its own process.
+type quorumSet struct {
+	servers []*redistest.Server
+	clients []*redis.Client
+	masters []redis.Scripter
+}
+
+func newQuorumSet(t *testing.T) *quorumSet {
+	t.Helper()
+	q := &quorumSet{}
+	for range 5 {
+		s := redistest.NewServer(t)
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 500 * time.Millisecond})
+		t.Cleanup(func() { _ = c.Close() })
+		q.servers = append(q.servers, s)
+		q.clients = append(q.clients, c)
+		q.masters = append(q.masters, c)
+	}
+	return q
+}
+
+// stop freezes server i with SIGSTOP until the test ends (or cont).
+func (q *quorumSet) stop(t *testing.T, i int) {
+	t.Helper()
+	p := q.servers[i].Process()
+	require.NoError(t, p.Signal(syscall.SIGSTOP))
+	t.Cleanup(func() { _ = p.Signal(syscall.SIGCONT) }) // runs before the server is stopped
+}
+
+func (q *quorumSet) cont(t *testing.T, i int) {
+	t.Helper()
+	require.NoError(t, q.servers[i].Process().Signal(syscall.SIGCONT))
+}
+
+// holding counts the masters whose key holds value (only live ones can).
+func (q *quorumSet) holding(key, value string, live ...int) int {
+	n := 0
+	for _, i := range live {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if q.clients[i].Get(ctx, key).Val() == value {
+			n++
+		}
+		cancel()
+	}
+	return n
+}
+
+var all5 = []int{0, 1, 2, 3, 4}
+
+func TestRedlockAllUp(t *testing.T) {
+	q := newQuorumSet(t)
+	const ttl = 10 * time.Second
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl, WithLockMetadata("host-a"))
+	require.NoError(t, err)
+	assert.Equal(t, 5, q.holding("job", l.Token()+"host-a", all5...), "the key is set on every master")
+	assert.Greater(t, l.Validity(), ttl-clockDrift(ttl)-time.Second)
+	assert.LessOrEqual(t, l.Validity(), ttl-clockDrift(ttl))
+
+	_, err = ObtainQuorum(t.Context(), q.masters, "job", ttl)
+	assert.ErrorIs(t, err, ErrLockNotAcquired)
+
+	d, err := l.TTL(t.Context())
+	require.NoError(t, err)
+	assert.InDelta(t, ttl, d, float64(time.Second))
+	require.NoError(t, l.Refresh(t.Context(), time.Minute))
+	d, err = l.TTL(t.Context())
+	require.NoError(t, err)
+	assert.InDelta(t, time.Minute, d, float64(time.Second))
+
+	require.NoError(t, l.Release(t.Context()))
+	assert.Zero(t, q.holding("job", l.Token()+"host-a", all5...), "Release deletes the key on every master")
+	assert.ErrorIs(t, l.Release(t.Context()), ErrLockNotHeld)
+	assert.ErrorIs(t, l.Refresh(t.Context(), time.Minute), ErrLockNotHeld)
+}
+
+func TestRedlockTwoKilled(t *testing.T) {
+	q := newQuorumSet(t)
+	q.servers[1].Kill()
+	q.servers[3].Kill()
+	live := []int{0, 2, 4}
+
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", 10*time.Second)
+	require.NoError(t, err, "three of five is a majority")
+	assert.Equal(t, 3, q.holding("job", l.Token(), live...))
+	require.NoError(t, l.Refresh(t.Context(), time.Minute))
+	d, err := l.TTL(t.Context())
+	require.NoError(t, err)
+	assert.InDelta(t, time.Minute, d, float64(time.Second))
+
+	var cancelled atomic.Bool
+	require.NoError(t, l.Hold(t.Context(), waitOrGiveUp(50*time.Millisecond, &cancelled)))
+	assert.False(t, cancelled.Load())
+
+	require.NoError(t, l.Release(t.Context()))
+	assert.Zero(t, q.holding("job", l.Token(), live...))
+}
+
+// TestRedlockTwoStalled: two masters are frozen. ObtainQuorum must not wait
+// for them past the quorum wait, and the lock they grant once they wake up,
+// after Release, must be given back.
+func TestRedlockTwoStalled(t *testing.T) {
+	q := newQuorumSet(t)
+	q.stop(t, 0)
+	q.stop(t, 4)
+	const ttl = 10 * time.Second
+	start := time.Now()
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl)
+	require.NoError(t, err)
+	assert.Less(t, time.Since(start), ttl/10+time.Second, "ObtainQuorum waited for frozen masters")
+	assert.Greater(t, l.Validity(), ttl-ttl/10-clockDrift(ttl)-time.Second)
+
+	start = time.Now()
+	require.NoError(t, l.Release(t.Context()), "three of five released")
+	assert.Less(t, time.Since(start), ttl/10+time.Second, "Release waited for frozen masters")
+
+	q.cont(t, 0)
+	q.cont(t, 4)
+	// The frozen masters now run the SET they had queued: the late calls
+	// see the lock released and give it back.
+	assert.Eventually(t, func() bool { return q.holding("job", l.Token(), all5...) == 0 }, 5*time.Second, 10*time.Millisecond,
+		"a master that granted the lock after Release must be released too")
+}
+
+func TestRedlockThreeDownFails(t *testing.T) {
+	q := newQuorumSet(t)
+	q.servers[0].Kill()
+	q.servers[1].Kill()
+	q.stop(t, 2)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	// A wait long enough for go-redis's dial retries to end with an error.
+	_, err := ObtainQuorum(ctx, q.masters, "job", 10*time.Second, WithQuorumWait(2*time.Second))
+	require.ErrorIs(t, err, ErrLockNotAcquired)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED, "the masters' errors explain the failure")
+	assert.Contains(t, err.Error(), "cache: redis: master 0: ")
+	assert.ErrorIs(t, err, errNoAnswer, "the frozen master did not answer")
+	assert.Eventually(t, func() bool {
+		return q.clients[3].Exists(t.Context(), "job").Val()+q.clients[4].Exists(t.Context(), "job").Val() == 0
+	}, 5*time.Second, 10*time.Millisecond, "a failed attempt releases the key on the masters that granted it")
+}
+
+func TestRedlockHeldElsewhere(t *testing.T) {
+	q := newQuorumSet(t)
+	for _, i := range []int{0, 1} {
+		require.NoError(t, q.clients[i].Set(t.Context(), "two", "other", time.Minute).Err())
+	}
+	l, err := ObtainQuorum(t.Context(), q.masters, "two", 10*time.Second)
+	require.NoError(t, err, "a minority held by someone else does not stop a majority")
+	assert.Equal(t, 3, q.holding("two", l.Token(), all5...))
+	require.NoError(t, l.Release(t.Context()))
+	assert.Equal(t, 2, q.holding("two", "other", all5...), "Release leaves the other holder's keys")
+
+	for _, i := range []int{0, 1, 2} {
+		require.NoError(t, q.clients[i].Set(t.Context(), "three", "other", time.Minute).Err())
+	}
+	_, err = ObtainQuorum(t.Context(), q.masters, "three", 10*time.Second)
+	require.ErrorIs(t, err, ErrLockNotAcquired)
+	assert.Eventually(t, func() bool {
+		return q.clients[3].Exists(t.Context(), "three").Val()+q.clients[4].Exists(t.Context(), "three").Val() == 0
+	}, 5*time.Second, 10*time.Millisecond, "the two masters it got are released")
+	assert.Equal(t, 3, q.holding("three", "other", all5...))
+}
+
+// slowScripts delays every script call, as a slow network would.
+type slowScripts time.Duration
+
+func (h slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			time.Sleep(time.Duration(h))
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRedlockValidity: the validity is ttl - elapsed - drift, counted from
+// before the first request; when the masters answer too late for any
+// validity to remain, the lock is not acquired.
+func TestRedlockValidity(t *testing.T) {
+	assert.Equal(t, 102*time.Millisecond, clockDrift(10*time.Second))
+	assert.Equal(t, 3*time.Millisecond, clockDrift(100*time.Millisecond))
+
+	q := newQuorumSet(t)
+	const delay = 100 * time.Millisecond
+	for _, c := range q.clients {
+		c.AddHook(slowScripts(delay))
+	}
+	const ttl = 2 * time.Second
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl, WithQuorumWait(time.Second))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, l.Validity(), ttl-delay-clockDrift(ttl), "the time the masters took must come off the validity")
+	assert.Greater(t, l.Validity(), time.Duration(0))
+	require.NoError(t, l.Release(t.Context()))
+
+	_, err = ObtainQuorum(t.Context(), q.masters, "late", 80*time.Millisecond, WithQuorumWait(time.Second))
+	require.ErrorIs(t, err, ErrLockNotAcquired, "answers after the validity time do not make a lock")
+}
+
+// TestRedlockLostQuorumCancelsHold: three masters die while the work runs;
+// refreshes cannot reach a majority and the work is cancelled by the end of
+// the validity time.
+func TestRedlockLostQuorumCancelsHold(t *testing.T) {
+	q := newQuorumSet(t)
+	const ttl = 600 * time.Millisecond
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl)
+	require.NoError(t, err)
+	var cancelled atomic.Bool
+	err = l.Hold(t.Context(), func(ctx context.Context) error {
+		for _, i := range []int{0, 2, 4} {
+			q.servers[i].Kill()
+		}
+		return waitOrGiveUp(10*time.Second, &cancelled)(ctx)
+	})
+	assert.True(t, cancelled.Load(), "the work must be cancelled when the quorum is lost")
+	assert.ErrorIs(t, err, ErrLockLost)
+}
+
+// TestRedlockMutualExclusion: workers contend with jittered retries; no two
+// may hold the lock at once, and all get it in turn.
+func TestRedlockMutualExclusion(t *testing.T) {
+	q := newQuorumSet(t)
+	const workers = 8
+	var inside, overlaps, done atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			l, err := ObtainQuorum(ctx, q.masters, "mutex", 5*time.Second,
+				WithLockRetry(ExponentialBackoff(5*time.Millisecond, 50*time.Millisecond)))
+			if err != nil {
+				errs <- err
+				return
+			}
+			if inside.Add(1) > 1 {
+				overlaps.Add(1)
+			}
+			time.Sleep(5 * time.Millisecond)
+			inside.Add(-1)
+			done.Add(1)
+			if err := l.Release(context.Background()); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Zero(t, overlaps.Load(), "two workers held the lock at once")
+	assert.Equal(t, int64(workers), done.Load())
+}
+
+func TestObtainQuorumBadInput(t *testing.T) {
+	q := []redis.Scripter{redis.NewClient(&redis.Options{Addr: nowhere(t)})}
+	defer q[0].(*redis.Client).Close()
+	for _, tc := range []struct {
+		name    string
+		masters []redis.Scripter
+		opts    []LockOption
+		want    string
+	}{
+		{"no masters", nil, nil, "no masters"},
+		{"nil master", []redis.Scripter{q[0], nil}, nil, "nil master"},
+		{"bad wait", q, []LockOption{WithQuorumWait(0)}, "WithQuorumWait(0s)"},
+		{"bad retry", q, []LockOption{WithLockRetry(LinearBackoff(-time.Second))}, "LinearBackoff(-1s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ObtainQuorum(t.Context(), tc.masters, "k", time.Second, tc.opts...)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.False(t, errors.Is(err, ErrLockNotAcquired))
+		})
+	}
+}
