@@ -50,7 +50,7 @@ var (
 // so that every merged caller gets it instead of the process crashing. Match
 // it with errors.As; errors.Is sees an error value the loader panicked with.
 type PanicError struct {
-	Value any // what the loader passed to panic
+	Value any    // what the loader passed to panic
 	in    string // "loader", "codec" or "flight"
 	stack []byte
 }
