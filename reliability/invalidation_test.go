@@ -457,3 +457,53 @@ func TestUncachedNotFoundIsAnsweredOnce(t *testing.T) {
 	}
 	t.Logf("figures: absent key, WithNotFoundTTL(0), 2 procs x 5 callers: %d ErrNotFound, %d other, loads=%d", notFound.Load(), other.Load(), loads.Load())
 }
+
+// TestDeleteWhileAnInstanceLoadsWithoutRedis covers FailOpen: instance A
+// cannot reach Redis and serves from the source, uncached; the source
+// changes and instance B (which can) deletes the key. A caller on A that
+// begins after Delete returned must not get the value A's loader read
+// before the change, even though that value never reached Redis.
+func TestDeleteWhileAnInstanceLoadsWithoutRedis(t *testing.T) {
+	skipUntilFixed(t, "1 (FailOpen, found by this suite)")
+	addr := redistest.Addr(t)
+	direct := newClient(t, addr, nil)
+	p := redistest.Prefix(t, direct)
+	ctx := context.Background()
+	dead := newProxy(t, addr)
+	dead.p.Stop()                                                  // A's Redis address refuses connections
+	a := cache.New[string](newClient(t, dead.Addr(), refusedFast)) // FailOpen, the default
+	b := cache.New[string](direct)
+	const rounds = 10
+	stale := 0
+	for r := range rounds {
+		key := p + "k" + strconv.Itoa(r)
+		src := newVersioned(200 * time.Millisecond)
+		if v, err := b.GetOrLoad(ctx, key, src.loader(1)); err != nil || v != "v1" {
+			t.Fatalf("GetOrLoad = %q, %v; want v1 cached", v, err)
+		}
+		first := make(chan string, 1)
+		go func() {
+			v, _ := a.GetOrLoad(ctx, key, src.loader(0))
+			first <- v
+		}()
+		for src.loads.Load() < 2 { // A's uncached load has read v1
+			time.Sleep(time.Millisecond)
+		}
+		src.ver.Store(2)
+		if err := b.Delete(ctx, key); err != nil {
+			t.Fatalf("Delete: %v", err)
+		}
+		v, err := a.GetOrLoad(ctx, key, src.loader(0)) // begins after Delete returned
+		if err != nil {
+			t.Errorf("round %d: GetOrLoad after Delete: %v", r, err)
+		}
+		if v == "v1" {
+			stale++
+		}
+		<-first
+	}
+	if stale != 0 {
+		t.Errorf("%d of %d reads on the instance without Redis that began after Delete returned got v1, read from the source before the change", stale, rounds)
+	}
+	t.Logf("figures: FailOpen instance without Redis loading (200ms) while another instance deletes: %d of %d later reads got the old value", stale, rounds)
+}

@@ -123,6 +123,13 @@ func isCircuitOpen(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "circuit breaker open")
 }
 
+// refusedFast is fastFail with one quick dial retry (go-redis retries a
+// refused dial 5 times, 100ms apart, by default).
+func refusedFast(o *redis.Options) {
+	fastFail(o)
+	o.DialerRetries, o.DialerRetryTimeout = 1, 10*time.Millisecond
+}
+
 // TestCircuitBreakerDuringOutage kills Redis (its port refuses connections)
 // and makes 200 calls on distinct keys with the default breaker: after the
 // first few failures the cache must stop sending commands to Redis. When
@@ -133,10 +140,7 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 	for _, pol := range policies {
 		t.Run(pol.name, func(t *testing.T) {
 			srv := redistest.NewServer(t)
-			rdb := newClient(t, srv.Addr, func(o *redis.Options) {
-				fastFail(o)
-				o.DialerRetries, o.DialerRetryTimeout = 1, 10*time.Millisecond
-			})
+			rdb := newClient(t, srv.Addr, refusedFast)
 			var hook commandCounter
 			rdb.AddHook(&hook)
 			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p))
