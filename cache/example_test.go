@@ -1,5 +1,9 @@
-// example_test.go shows the package's use; the examples run in CI against the
-// test Redis, whose address TestMain puts in REDIS_ADDR.
+// example_test.go shows the package's use as users copy it: reading through
+// the cache, options, Delete after a write, the error hook with log/slog,
+// FailClosed, a Redis Cluster client. The examples with an Output comment run
+// in CI against the test Redis, whose address TestMain puts in REDIS_ADDR.
+// The standalone lock's examples are in example_lock_test.go; a msgpack codec
+// is in examples/msgpack (its own module, to keep msgpack out of go.sum).
 
 package cache_test
 
@@ -7,7 +11,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,21 +64,36 @@ func Example() {
 }
 
 func ExampleNew() {
+	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
 	defer rdb.Close()
 
-	// A hot catalogue: short TTL, a lock lease that outlives a slow query's
-	// refresh interval, and waiters that poll for up to 5s (50 x 100ms).
+	// Product 42 is cached at "example:new:product:42" for 10 minutes, and a
+	// product that does not exist is remembered for 30 seconds, so a burst
+	// of requests for a bad ID does not reach the database either.
+	// WithoutJitter makes the printed TTLs exact; keep the default ±10% in
+	// production, so that values loaded together do not expire together.
 	products := cache.New[Product](rdb,
-		cache.WithPrefix("example:product:"),
-		cache.WithTTL(30*time.Second),
-		cache.WithNotFoundTTL(5*time.Second),
-		cache.WithLockTTL(3*time.Second),
-		cache.WithRetry(50, 100*time.Millisecond),
-		cache.WithFailurePolicy(cache.FailOpen),
+		cache.WithPrefix("example:new:product:"),
+		cache.WithTTL(10*time.Minute),
+		cache.WithNotFoundTTL(30*time.Second),
+		cache.WithoutJitter(),
 	)
-	fmt.Printf("%T\n", products)
-	// Output: *cache.Cache[github.com/stampede-go/stampede/cache_test.Product]
+	defer products.Delete(ctx, "42", "7")
+
+	for _, id := range []string{"42", "7"} {
+		_, err := products.GetOrLoad(ctx, id, func(ctx context.Context) (Product, error) {
+			return findProduct(ctx, id)
+		})
+		found := "found"
+		if errors.Is(err, cache.ErrNotFound) {
+			found = "not found"
+		}
+		fmt.Printf("%s: %s, cached for %v\n", id, found, rdb.TTL(ctx, "example:new:product:"+id).Val())
+	}
+	// Output:
+	// 42: found, cached for 10m0s
+	// 7: not found, cached for 30s
 }
 
 func ExampleCache_GetOrLoad() {
@@ -96,4 +117,100 @@ func ExampleCache_GetOrLoad() {
 		fmt.Println("error:", err)
 	}
 	// Output: no such product
+}
+
+func ExampleCache_Delete() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	products := cache.New[Product](rdb, cache.WithPrefix("example:delete:product:"))
+	defer products.Delete(ctx, "42")
+
+	price := 19900 // stands in for the database
+	load := func(context.Context) (Product, error) {
+		return Product{ID: "42", Name: "Espresso machine", Price: price}, nil
+	}
+	p, _ := products.GetOrLoad(ctx, "42", load)
+	fmt.Println("before:", p.Price)
+
+	// A write: update the database first, then delete the cached copy. Every
+	// instance's next read loads the new price, and a load of the old price
+	// still in flight elsewhere cannot store it any more.
+	price = 17900
+	if err := products.Delete(ctx, "42"); err != nil {
+		fmt.Println("delete:", err) // retry, or the old price stays until its TTL ends
+		return
+	}
+	p, _ = products.GetOrLoad(ctx, "42", load)
+	fmt.Println("after:", p.Price)
+	// Output:
+	// before: 19900
+	// after: 17900
+}
+
+func ExampleWithErrorHook() {
+	ctx := context.Background()
+	// Redis is down: nothing listens on this port.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+
+	// Under the default FailOpen policy callers still get the database's
+	// value (uncached, one load per key per process at a time); the hook is
+	// where the Redis error shows up. It may be called from several
+	// goroutines at once.
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var logged atomic.Int64
+	products := cache.New[Product](rdb,
+		cache.WithErrorHook(func(key string, err error) {
+			logged.Add(1)
+			logger.Warn("product cache", "key", key, "err", err)
+		}),
+	)
+
+	p, err := products.GetOrLoad(ctx, "42", func(ctx context.Context) (Product, error) {
+		return findProduct(ctx, "42")
+	})
+	fmt.Println(p.Name, err)
+	fmt.Println("errors logged:", logged.Load() > 0)
+	// Output:
+	// Espresso machine <nil>
+	// errors logged: true
+}
+
+func ExampleWithFailurePolicy() {
+	ctx := context.Background()
+	// Redis is down: nothing listens on this port.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+
+	// When an unprotected load would hurt more than an error (a report that
+	// costs minutes of database time, a rate-limited API), FailClosed returns
+	// the Redis error instead of loading without the lock.
+	reports := cache.New[string](rdb, cache.WithFailurePolicy(cache.FailClosed))
+	var loads atomic.Int64
+	_, err := reports.GetOrLoad(ctx, "report:2026-10", func(context.Context) (string, error) {
+		loads.Add(1)
+		return "...", nil
+	})
+	fmt.Println("error:", err != nil)
+	fmt.Println("loads:", loads.Load())
+	// Output:
+	// error: true
+	// loads: 0
+}
+
+// A Redis Cluster client needs nothing more: each key's load lock lives in
+// the key's own hash slot, so the cache's scripts run on the node that owns
+// the key. (Not run: it needs a cluster at these addresses.)
+func ExampleNew_cluster() {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: []string{"redis-0:6379", "redis-1:6379", "redis-2:6379"},
+	})
+	defer rdb.Close()
+
+	products := cache.New[Product](rdb, cache.WithPrefix("product:"), cache.WithTTL(10*time.Minute))
+	p, err := products.GetOrLoad(context.Background(), "42", func(ctx context.Context) (Product, error) {
+		return findProduct(ctx, "42")
+	})
+	fmt.Println(p.Name, err)
 }
