@@ -19,7 +19,6 @@ import (
 // waiter budget, within the 30s load timeout) in one process while another
 // process asks for the same key, both with the default options.
 func TestDefaultBudgetCoversALongLoad(t *testing.T) {
-	skipUntilFixed(t, "7")
 	addr := redistest.Addr(t)
 	key := redistest.Prefix(t, newClient(t, addr, nil)) + "slow"
 	holder, waiter := procs(t, 1, addr, nil)[0], procs(t, 1, addr, nil)[0]
@@ -52,7 +51,6 @@ func TestDefaultBudgetCoversALongLoad(t *testing.T) {
 // loads: the waiter's error must match ErrLockNotAcquired and say which key
 // and which budget, so that an operator knows what to tune.
 func TestBudgetErrorNamesKeyAndBudget(t *testing.T) {
-	skipUntilFixed(t, "7")
 	addr := redistest.Addr(t)
 	key := redistest.Prefix(t, newClient(t, addr, nil)) + "budget"
 	holder := procs(t, 1, addr, nil)[0]

@@ -110,7 +110,6 @@ func (s *staleCount) add(o *staleCount) {
 // still answers), and once v1 is cached and read by every instance
 // ("after-commit"). No read that starts after Delete returned may get v1.
 func TestDeleteInAnotherInstance(t *testing.T) {
-	skipUntilFixed(t, "1")
 	for _, shape := range []string{"during-load", "after-commit"} {
 		t.Run(shape, func(t *testing.T) {
 			addr := redistest.Addr(t)
@@ -205,7 +204,6 @@ func TestDeleteInAnotherInstance(t *testing.T) {
 // Redis: a child checks the flag before each read, so a read that saw the
 // flag began after Delete returned.
 func TestDeleteInAnotherProcess(t *testing.T) {
-	skipUntilFixed(t, "1")
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -378,7 +376,6 @@ func runReaderChild(env func(string) string) int {
 // after Delete returned, so it must not get v1, even though the read it
 // could share was answered before the Delete.
 func TestDeleteWhileAHitIsInFlight(t *testing.T) {
-	skipUntilFixed(t, "1")
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)

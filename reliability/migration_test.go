@@ -29,7 +29,6 @@ func (c *cluster) owner(s uint16, masters int) int {
 }
 
 func TestClusterSlotMigrationDuringStampede(t *testing.T) {
-	skipUntilFixed(t, "3")
 	const masters = 3
 	cl := startCluster(t, masters)
 	ctx := context.Background()
