@@ -197,6 +197,8 @@ func TestGetOrLoadRetriesExhausted(t *testing.T) {
 	assert.GreaterOrEqual(t, elapsed, 150*time.Millisecond)
 	assert.Less(t, elapsed, 2*time.Second)
 	assert.Zero(t, src.calls.Load())
+	assert.Contains(t, err.Error(), key, "the error must name the key")
+	assert.Contains(t, err.Error(), "3 retries 50ms apart", "the error must name the budget")
 }
 
 func TestGetOrLoadNoRetries(t *testing.T) {

@@ -32,6 +32,8 @@ func TestNewPanicsOnInvalidOptions(t *testing.T) {
 		{WithLoadTimeout(0), "WithLoadTimeout(0s)"},
 		{WithCodec(nil), "WithCodec(nil)"},
 		{WithFailurePolicy(7), "unknown policy"},
+		{WithCircuitBreaker(-1, time.Second), "WithCircuitBreaker(-1, 1s)"},
+		{WithCircuitBreaker(3, 0), "WithCircuitBreaker(3, 0s)"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			defer func() {
@@ -47,4 +49,18 @@ func TestNewPanicsOnInvalidOptions(t *testing.T) {
 	}
 	assert.PanicsWithValue(t, "cache: New: nil Redis client", func() { New[int](nil) })
 	assert.NotPanics(t, func() { New[int](rdb, WithRetry(0, 0), WithNotFoundTTL(0), WithoutJitter()) })
+}
+
+// TestDefaultWaiterBudgetCoversTheLoadTimeout: the default budget (60 x
+// 100ms = 6s) used to be shorter than the load timeout (30s), so a waiter
+// gave up while the holder was still legitimately loading.
+func TestDefaultWaiterBudgetCoversTheLoadTimeout(t *testing.T) {
+	for _, lt := range []time.Duration{DefaultLoadTimeout, 2 * time.Second, 150 * time.Millisecond, time.Hour} {
+		cfg := newConfig([]Option{WithLoadTimeout(lt)})
+		if got := time.Duration(cfg.retry.max) * cfg.retry.backoff; got < lt {
+			t.Errorf("WithLoadTimeout(%v): waiters give up after %v; want at least the load timeout", lt, got)
+		}
+	}
+	cfg := newConfig([]Option{WithRetry(3, time.Millisecond), WithLoadTimeout(time.Hour)})
+	assert.Equal(t, retryPolicy{max: 3, backoff: time.Millisecond}, cfg.retry, "an explicit WithRetry is kept as given")
 }

@@ -1,0 +1,138 @@
+// rediserr_test.go proves how Redis errors are sorted, with replies from a
+// real server: transient cluster states are waited out (issue 8.3) and
+// misconfiguration is returned under every policy (issue 8.6).
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// replyError returns a real error reply with text msg, made by the server.
+func replyError(t *testing.T, rdb *redis.Client, msg string) error {
+	t.Helper()
+	err := rdb.Eval(t.Context(), "return redis.error_reply(ARGV[1])", nil, msg).Err()
+	require.Error(t, err)
+	require.Equal(t, msg, err.Error())
+	return err
+}
+
+func TestClassify(t *testing.T) {
+	rdb, _ := setup(t)
+	for msg, want := range map[string]errClass{
+		"TRYAGAIN Multiple keys request during rehashing of slot": errTransient,
+		"MOVED 3999 127.0.0.1:6381":                                 errTransient,
+		"ASK 3999 127.0.0.1:6381":                                   errTransient,
+		"CLUSTERDOWN The cluster is down":                           errTransient,
+		"LOADING Redis is loading the dataset in memory":            errTransient,
+		"READONLY You can't write against a read only replica.":     errTransient,
+		"OOM command not allowed when used memory > 'maxmemory'.":   errOutage,
+		"NOAUTH Authentication required.":                           errFatal,
+		"WRONGPASS invalid username-password pair":                  errFatal,
+		"NOPERM this user has no permissions to run the 'evalsha' command": errFatal,
+		"ERR unknown command 'EVALSHA'":                                    errFatal,
+	} {
+		if got := classify(replyError(t, rdb, msg)); got != want {
+			t.Errorf("classify(%q) = %d; want %d", msg, got, want)
+		}
+	}
+	assert.Equal(t, errNone, classify(redis.Nil))
+	assert.Equal(t, errOutage, classify(context.DeadlineExceeded))
+	assert.Equal(t, errOutage, classify(errors.New("dial tcp 127.0.0.1:1: connect: connection refused")))
+}
+
+// failHook makes the first n commands named cmd fail with err, without
+// sending them, as a migrating slot or a misconfigured server would.
+type failHook struct {
+	cmd  string
+	n    atomic.Int64
+	err  error
+	seen atomic.Int64
+}
+
+func (h *failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if (cmd.Name() == h.cmd || h.cmd == "script" && isScript(cmd)) && h.n.Add(-1) >= 0 {
+			h.seen.Add(1)
+			cmd.SetErr(h.err)
+			return h.err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == h.cmd && h.n.Add(-1) >= 0 {
+				h.seen.Add(1)
+				cmd.SetErr(h.err)
+				return h.err
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestTransientErrorsAreWaitedOut: while a slot migrates, the lock script
+// gets TRYAGAIN. It used to go to the failure policy: every instance loaded
+// uncached. Now the flight waits and retries, so the key loads once and is
+// stored.
+func TestTransientErrorsAreWaitedOut(t *testing.T) {
+	rdb, p := setup(t)
+	hook := &failHook{cmd: "script", err: replyError(t, rdb, "TRYAGAIN Multiple keys request during rehashing of slot")}
+	hook.n.Store(3)
+	rdb.AddHook(hook)
+	var reported atomic.Int64
+	c := New[product](rdb, WithRetry(10, 5e6), WithErrorHook(func(string, error) { reported.Add(1) }))
+	src := &counter{}
+	v, err := c.GetOrLoad(t.Context(), p+"k", src.load)
+	require.NoError(t, err)
+	assert.Equal(t, "p1", v.ID)
+	assert.Equal(t, int64(3), hook.seen.Load())
+	assert.Equal(t, int64(1), src.calls.Load())
+	assert.Equal(t, int64(1), rdb.Exists(t.Context(), p+"k").Val(), "the value must be stored once the slot settles")
+	assert.Zero(t, reported.Load(), "a wait is not a failure")
+
+	t.Run("Delete", func(t *testing.T) {
+		hook := &failHook{cmd: "del", err: replyError(t, rdb, "CLUSTERDOWN The cluster is down")}
+		hook.n.Store(2)
+		rdb.AddHook(hook)
+		require.NoError(t, c.Delete(t.Context(), p+"k"))
+		assert.Equal(t, int64(2), hook.seen.Load())
+		assert.Zero(t, rdb.Exists(t.Context(), p+"k").Val())
+	})
+}
+
+// TestMisconfigurationIsReturnedUnderEveryPolicy: a missing permission used
+// to be absorbed by FailOpen (100 loads, 0 errors, nothing visible).
+func TestMisconfigurationIsReturnedUnderEveryPolicy(t *testing.T) {
+	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
+		for _, cmd := range []string{"get", "script"} {
+			rdb, p := setup(t)
+			hook := &failHook{cmd: cmd, err: replyError(t, rdb, "NOPERM this user has no permissions to run the '"+cmd+"' command")}
+			hook.n.Store(1 << 30)
+			rdb.AddHook(hook)
+			src := &counter{}
+			_, err := New[product](rdb, WithFailurePolicy(policy)).GetOrLoad(t.Context(), p+"k", src.load)
+			require.Error(t, err, "policy %d, %s refused", policy, cmd)
+			assert.Contains(t, err.Error(), "NOPERM")
+			assert.Zero(t, src.calls.Load(), "policy %d, %s refused: the loader must not run", policy, cmd)
+		}
+	}
+}
+
+func TestDeleteWrapsRedisErrors(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1})
+	t.Cleanup(func() { dead.Close() })
+	err := New[product](dead).Delete(t.Context(), "k")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cache: redis: ")
+}
