@@ -27,15 +27,15 @@ func replyError(t *testing.T, rdb *redis.Client, msg string) error {
 func TestClassify(t *testing.T) {
 	rdb, _ := setup(t)
 	for msg, want := range map[string]errClass{
-		"TRYAGAIN Multiple keys request during rehashing of slot": errTransient,
-		"MOVED 3999 127.0.0.1:6381":                                 errTransient,
-		"ASK 3999 127.0.0.1:6381":                                   errTransient,
-		"CLUSTERDOWN The cluster is down":                           errTransient,
-		"LOADING Redis is loading the dataset in memory":            errTransient,
-		"READONLY You can't write against a read only replica.":     errTransient,
-		"OOM command not allowed when used memory > 'maxmemory'.":   errOutage,
-		"NOAUTH Authentication required.":                           errFatal,
-		"WRONGPASS invalid username-password pair":                  errFatal,
+		"TRYAGAIN Multiple keys request during rehashing of slot":          errTransient,
+		"MOVED 3999 127.0.0.1:6381":                                        errTransient,
+		"ASK 3999 127.0.0.1:6381":                                          errTransient,
+		"CLUSTERDOWN The cluster is down":                                  errTransient,
+		"LOADING Redis is loading the dataset in memory":                   errTransient,
+		"READONLY You can't write against a read only replica.":            errTransient,
+		"OOM command not allowed when used memory > 'maxmemory'.":          errOutage,
+		"NOAUTH Authentication required.":                                  errFatal,
+		"WRONGPASS invalid username-password pair":                         errFatal,
 		"NOPERM this user has no permissions to run the 'evalsha' command": errFatal,
 		"ERR unknown command 'EVALSHA'":                                    errFatal,
 	} {
