@@ -115,30 +115,83 @@ func TestRedlockTwoKilled(t *testing.T) {
 	assert.Zero(t, q.holding("job", l.Token(), live...))
 }
 
-// TestRedlockTwoStalled: two masters are frozen. ObtainQuorum must not wait
-// for them past the quorum wait, and the lock they grant once they wake up,
-// after Release, must be given back.
+// TestRedlockTwoStalled: two masters are frozen. ObtainQuorum and Release
+// must not wait for them past the quorum wait, and nothing of the lock may be
+// left once they wake up.
 func TestRedlockTwoStalled(t *testing.T) {
 	q := newQuorumSet(t)
-	q.stop(t, 0)
-	q.stop(t, 4)
-	const ttl = 10 * time.Second
+	for _, i := range []int{0, 4} {
+		// A connection made before the freeze, so that the SET reaches the
+		// frozen server's socket.
+		require.NoError(t, q.clients[i].Ping(t.Context()).Err())
+		q.stop(t, i)
+	}
+	const ttl, wait = 10 * time.Second, 300 * time.Millisecond
 	start := time.Now()
-	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl)
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl, WithQuorumWait(wait))
 	require.NoError(t, err)
-	assert.Less(t, time.Since(start), ttl/10+time.Second, "ObtainQuorum waited for frozen masters")
-	assert.Greater(t, l.Validity(), ttl-ttl/10-clockDrift(ttl)-time.Second)
+	assert.Less(t, time.Since(start), wait+time.Second, "ObtainQuorum waited for frozen masters")
+	assert.Greater(t, l.Validity(), ttl-wait-clockDrift(ttl)-time.Second)
+	assert.Equal(t, 3, q.holding("job", l.Token(), 1, 2, 3))
 
 	start = time.Now()
 	require.NoError(t, l.Release(t.Context()), "three of five released")
-	assert.Less(t, time.Since(start), ttl/10+time.Second, "Release waited for frozen masters")
+	assert.Less(t, time.Since(start), wait+time.Second, "Release waited for frozen masters")
 
 	q.cont(t, 0)
 	q.cont(t, 4)
-	// The frozen masters now run the SET they had queued: the late calls
-	// see the lock released and give it back.
 	assert.Eventually(t, func() bool { return q.holding("job", l.Token(), all5...) == 0 }, 5*time.Second, 10*time.Millisecond,
-		"a master that granted the lock after Release must be released too")
+		"nothing of the lock may be left once the frozen masters wake up")
+}
+
+// lateObtain holds back the lock's obtain calls until gate is closed and then
+// runs them whatever their context says: a network that delivers the SET
+// after the client stopped waiting for it.
+type lateObtain struct {
+	gate chan struct{}
+	ran  *atomic.Int64 // obtain calls that reached Redis
+}
+
+func (h lateObtain) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h lateObtain) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 1 && (args[1] == lockObtainScript.Hash() || args[1] == lockObtainLua) {
+			<-h.gate
+			defer h.ran.Add(1)
+			return next(context.WithoutCancel(ctx), cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h lateObtain) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRedlockLateGrantIsGivenBack: two masters grant the lock only after the
+// attempt stopped waiting for them. When that is after Release, or after a
+// failed attempt, the late grant must be released, not left for the lease.
+func TestRedlockLateGrantIsGivenBack(t *testing.T) {
+	q := newQuorumSet(t)
+	late := lateObtain{gate: make(chan struct{}), ran: new(atomic.Int64)}
+	q.clients[0].AddHook(late)
+	q.clients[4].AddHook(late)
+	gateOpen := false
+	defer func() {
+		if !gateOpen {
+			close(late.gate)
+		}
+	}()
+
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", time.Minute, WithQuorumWait(200*time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
+	close(late.gate) // the two SETs land now, after Release
+	gateOpen = true
+	require.Eventually(t, func() bool { return late.ran.Load() >= 2 }, 5*time.Second, time.Millisecond, "the late SETs must run")
+	assert.Eventually(t, func() bool {
+		return q.clients[0].Exists(t.Context(), "job").Val()+q.clients[4].Exists(t.Context(), "job").Val() == 0
+	}, 5*time.Second, 10*time.Millisecond, "a grant that lands after Release must be released")
 }
 
 func TestRedlockThreeDownFails(t *testing.T) {
