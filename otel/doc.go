@@ -1,0 +1,37 @@
+// Package cacheotel turns the events of a [cache.Cache] into OpenTelemetry
+// metrics. It is its own module, github.com/stampede-go/stampede/otel, so
+// that the cache package does not depend on OpenTelemetry:
+//
+//	obs, err := cacheotel.Observer("products") // the global MeterProvider
+//	if err != nil { ... }
+//	products := cache.New[Product](rdb, cache.WithObserver(obs))
+//
+// # Metrics
+//
+// Every data point carries cache.name, the name given to [Observer], and the
+// attributes of [WithAttributes]. The key is never an attribute: its
+// cardinality has no bound. Each metric counts one kind of thing, so that
+// summing a metric over its attributes means something (the OpenTelemetry
+// semantic conventions' rule); loads, waits and refreshes are counted by
+// their duration histograms, as http.server.request.duration counts requests.
+//
+//	cache.lookups             counter    {lookup}      cache.lookup.result = hit | miss
+//	cache.lock.contentions    counter    {contention}  another holder was loading the key
+//	cache.wait.woken          counter    {wait}        a wait ended by the holder's notification
+//	cache.lock.lost           counter    {load}        a loaded value not stored: the lock was lost
+//	cache.stale.served        counter    {value}       cache.stale.reason = refreshing | error
+//	cache.redis.errors        counter    {error}       failed Redis calls
+//	cache.breaker.transitions counter    {transition}  cache.breaker.state = open | closed
+//	cache.load.duration       histogram  s             cache.outcome = ok | not_found | error
+//	cache.wait.duration       histogram  s             cache.outcome = ok | error
+//	cache.refresh.duration    histogram  s             cache.outcome = ok | not_found | error
+//
+// The histograms' default buckets ([Buckets]) span 1 ms to 30 s; a View in
+// the MeterProvider can change them.
+//
+// # Cost
+//
+// The observer runs on the goroutine of every cache call, hits included. The
+// attribute sets are built once, in [Observer]; an event costs one Add or
+// Record on an instrument and no allocation of this package's own.
+package cacheotel
