@@ -4,7 +4,7 @@
 .PHONY: test demo bench lint tidy fuzz ci
 
 test:
-	go test -race ./... ./examples/... ./benchmarks/... ./reliability/...
+	go test -race ./... ./examples/... ./benchmarks/... ./otel/... ./reliability/...
 
 demo:
 	go run ./examples/hotkey
