@@ -3,12 +3,13 @@
 // redis-cli --cluster reshard does, in the middle of a stampede on keys of
 // that slot (issue 8 item 3). While a slot migrates, a script or a DEL over
 // keys of which some are missing gets TRYAGAIN: the cache must wait that out,
-// not treat it as an outage.
+// not treat it as an outage. So must it CLUSTERDOWN.
 package reliability_test
 
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -161,4 +162,83 @@ func TestClusterSlotMigrationDuringStampede(t *testing.T) {
 	t.Logf("figures: slot %d moved from master %d to %d in %v (%d keys MIGRATEd) during a stampede on %d keys, %d instances x %d callers each, load %v, FailOpen: loads=%d (want %d), %v; Deletes during the migration: %d of %d failed; %d of %d values cached after",
 		s, from, to, window.Round(time.Millisecond), migrated, nkeys, instances, callers, loadFor, src.total.Load(), nkeys, &all,
 		delErrs.Load(), ndeletes, cached, nkeys)
+}
+
+// TestClusterDownIsWaitedOut makes the master of the test's keys declare
+// the cluster down (it gives up a slot of its own, so that with
+// cluster-require-full-coverage it answers CLUSTERDOWN for every key) during
+// a stampede, then takes the slot back. CLUSTERDOWN is a state a cluster
+// leaves by itself: callers wait it out, it is no outage.
+func TestClusterDownIsWaitedOut(t *testing.T) {
+	const masters = 3
+	cl := startCluster(t, masters)
+	ctx := context.Background()
+	admin := cl.client(t)
+	tag := "{down" + strconv.FormatInt(time.Now().UnixNano(), 36) + "}"
+	s := slot(tag)
+	m := cl.owner(s, masters)
+	lo := m * 16384 / masters
+	spare := lo
+	if spare == int(s) {
+		spare++
+	}
+	const nkeys, instances, callers = 5, 3, 4
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = tag + ":k" + strconv.Itoa(i)
+	}
+	cs := make([]*cache.Cache[string], instances)
+	for i := range cs {
+		cs[i] = cache.New[string](cl.client(t), cache.WithRetry(500, 20*time.Millisecond)) // FailOpen
+	}
+	if err := cl.rdbs[m].Do(ctx, "CLUSTER", "DELSLOTS", spare).Err(); err != nil {
+		t.Fatalf("CLUSTER DELSLOTS: %v", err)
+	}
+	eventually(t, 10*time.Second, "the keys' master says CLUSTERDOWN", func() bool {
+		err := cl.rdbs[m].Get(ctx, keys[0]).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "CLUSTERDOWN")
+	})
+	src := newSource(200 * time.Millisecond)
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		all outcome
+	)
+	for _, k := range keys {
+		wg.Go(func() {
+			out := stampede(t, cs, callers, k, "v:"+k, src.loader(k, "v:"+k))
+			mu.Lock()
+			defer mu.Unlock()
+			all.ok += out.ok
+			for e, n := range out.errs {
+				if all.errs == nil {
+					all.errs = map[string]int{}
+				}
+				all.errs[e] += n
+			}
+		})
+	}
+	time.Sleep(1500 * time.Millisecond) // the stampede meets CLUSTERDOWN
+	loadsWhileDown := src.total.Load()
+	if err := cl.rdbs[m].Do(ctx, "CLUSTER", "ADDSLOTS", spare).Err(); err != nil {
+		t.Fatalf("CLUSTER ADDSLOTS: %v", err)
+	}
+	wg.Wait()
+	if all.ok != nkeys*instances*callers {
+		t.Errorf("callers: %v; want all %d ok", &all, nkeys*instances*callers)
+	}
+	if n := src.total.Load(); n != nkeys {
+		t.Errorf("loads = %d (%d while the cluster was down); want %d, one per key", n, loadsWhileDown, nkeys)
+	}
+	cached := 0
+	for _, k := range keys {
+		if stored(t, admin, k) == `"v:`+k+`"` {
+			cached++
+		}
+	}
+	if cached != nkeys {
+		t.Errorf("%d of %d values cached; want all", cached, nkeys)
+	}
+	t.Logf("figures: CLUSTERDOWN for 1.5s during a stampede on %d keys, %d instances x %d callers, FailOpen: loads=%d (%d while down; want %d), %v, %d of %d cached",
+		nkeys, instances, callers, src.total.Load(), loadsWhileDown, nkeys, &all, cached, nkeys)
 }
