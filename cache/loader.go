@@ -38,6 +38,7 @@ type Cache[V any] struct {
 	cluster bool               // rdb is a *redis.ClusterClient: Delete sends single-key commands
 	group   singleflight.Group // merges this process's callers of one key
 	brk     breaker
+	notify  *notifier // wakes waiters; nil: they poll
 }
 
 // New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient,
@@ -50,6 +51,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.brk.threshold, c.brk.coolDown = int32(c.cfg.breaker.failures), c.cfg.breaker.coolDown
+	c.notify = newNotifier(rdb)
 	return c
 }
 
@@ -300,7 +302,10 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			go c.release(ctx, key, lk)
 			return c.redisFailed(ctx, key, err, load)
 		}
-		if !c.cfg.retry.wait(ctx, attempt) {
+		if attempt <= c.cfg.retry.max && c.notify.wait(ctx, key, c.cfg.retry.backoff) {
+			c.cfg.emit(EventWoken, key, 0, nil)
+		}
+		if attempt > c.cfg.retry.max || ctx.Err() != nil {
 			err := c.notAcquired(ctx, key)
 			c.waited(key, waitStart, err)
 			return nil, err
@@ -413,7 +418,7 @@ func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, locked 
 	defer cancel()
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
-		n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds()).Int()
+		n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds(), c.notify.channel(key)).Int()
 		class := c.redisCall(key, err)
 		switch {
 		case class == errTransient && c.cfg.retry.wait(ctx, attempt):
@@ -435,7 +440,7 @@ func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock) {
 	ctx, cancel := c.cleanup(ctx)
 	defer cancel()
 	for attempt := 1; ; attempt++ {
-		err := lk.release(ctx, c.rdb)
+		err := lk.release(ctx, c.rdb, c.notify.channel(key))
 		if c.redisCall(key, err) == errTransient && c.cfg.retry.wait(ctx, attempt) {
 			continue
 		}

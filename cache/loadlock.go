@@ -31,12 +31,13 @@ func newLoadLock(key string) *loadLock {
 
 func (l *loadLock) keys() []string { return []string{l.key, l.lock} }
 
-// release gives the lock up; [ErrLockNotHeld] if it is no longer ours.
-func (l *loadLock) release(ctx context.Context, rdb redis.Scripter) error {
-	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, ""))
+// release gives the lock up and announces it on channel (if not "");
+// [ErrLockNotHeld] if it is no longer ours.
+func (l *loadLock) release(ctx context.Context, rdb redis.Scripter, channel string) error {
+	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, "", channel))
 }
 
 // extend sets the lease to ttl from now; [ErrLockNotHeld] if it is no longer ours.
 func (l *loadLock) extend(ctx context.Context, rdb redis.Scripter, ttl time.Duration) error {
-	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, ttl.Milliseconds()))
+	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, ttl.Milliseconds(), ""))
 }

@@ -21,12 +21,5 @@ func (r retryPolicy) wait(ctx context.Context, attempt int) bool {
 	if attempt > r.max {
 		return false
 	}
-	t := time.NewTimer(r.backoff)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return sleep(ctx, r.backoff)
 }
