@@ -43,8 +43,8 @@ func newVersioned(delay time.Duration) *versioned {
 // loader is the loader instance inst passes to GetOrLoad.
 func (s *versioned) loader(inst int) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
-		s.loads.Add(1)
 		v := s.ver.Load()
+		s.loads.Add(1) // after the read: a test that sees the count knows the version read
 		select {
 		case s.started <- inst:
 		default:
