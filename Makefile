@@ -1,5 +1,5 @@
 # Makefile: shortcuts; the README commands work without make. The repository
-# is four modules tied by go.work: "./..." alone stops at the root module, so
+# is five modules tied by go.work: "./..." alone stops at the root module, so
 # the targets name every module ("work" is all packages of all of them).
 .PHONY: test demo bench lint tidy fuzz ci
 
