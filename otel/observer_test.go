@@ -8,6 +8,7 @@ package cacheotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"sync"
@@ -245,6 +246,7 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventStaleServed, Err: failed}, "cache.stale.served", []attribute.KeyValue{cacheotel.KeyStaleReason.String("error")}},
 		{cache.Event{Kind: cache.EventRefresh, Duration: time.Second}, "cache.refresh.duration", []attribute.KeyValue{outcome("ok")}},
 		{cache.Event{Kind: cache.EventRefresh, Duration: time.Second, Err: failed}, "cache.refresh.duration", []attribute.KeyValue{outcome("error")}},
+		{cache.Event{Kind: cache.EventRefresh, Duration: time.Second, Err: fmt.Errorf("wrapped: %w", cache.ErrNotFound)}, "cache.refresh.duration", []attribute.KeyValue{outcome("not_found")}},
 		{cache.Event{Kind: cache.EventRedisError, Err: failed}, "cache.redis.errors", nil},
 		{cache.Event{Kind: cache.EventBreakerOpen, Err: failed}, "cache.breaker.transitions", []attribute.KeyValue{cacheotel.KeyBreakerState.String("open")}},
 		{cache.Event{Kind: cache.EventBreakerClose}, "cache.breaker.transitions", []attribute.KeyValue{cacheotel.KeyBreakerState.String("closed")}},
