@@ -90,7 +90,7 @@ func ExampleLock_Hold() {
 
 // A user double-clicks "submit": the second request within 2s is refused.
 // The lock is never released; it expires.
-func ExampleObtain_throttle() {
+func ExampleObtain() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
 	defer rdb.Close()
