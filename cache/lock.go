@@ -118,6 +118,9 @@ func newLock(masters []redis.Scripter, quorum int, cfg lockConfig, key string, t
 // reports whether the lock is now ours; an error from a single-master try
 // ends the call, an error from a quorum round is kept to explain a failure.
 func (l *Lock) obtain(ctx context.Context, retry RetryStrategy, try func(context.Context, bool) (bool, error), giveBack bool) error {
+	if ctx.Err() != nil {
+		return notAcquired(ctx)
+	}
 	ok, err := try(ctx, giveBack)
 	for d := range retry.Backoffs() {
 		if ok || (err != nil && !l.redlock) {
