@@ -18,6 +18,10 @@ var (
 	// errors.Is.
 	ErrNotFound = errors.New("cache: not found")
 
+	// ErrCacheMiss is returned by [Cache.Get] when Redis holds no value for
+	// the key. (A cached not-found is [ErrNotFound] instead.)
+	ErrCacheMiss = errors.New("cache: miss")
+
 	// ErrLockNotAcquired is returned when a caller used its whole retry budget
 	// (see [WithRetry]) without finding a value or taking the lock, because
 	// another holder is still loading. When the shared load's context ended

@@ -39,6 +39,9 @@ type Cache[V any] struct {
 	group   singleflight.Group // merges this process's callers of one key
 	brk     breaker
 	notify  *notifier // wakes waiters; nil: they poll
+
+	refreshing sync.Map       // keys with a background refresh running in this process
+	bg         sync.WaitGroup // background refreshes, waited for by Close
 }
 
 // New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient,
@@ -57,11 +60,14 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 
 // result is what one flight hands to all of its callers.
 type result[V any] struct {
-	data     []byte      // the codec's bytes; each caller decodes its own copy
-	notFound error       // non-nil: the value does not exist; what callers get
-	v        V           // on a hit, data already decoded once...
-	hasV     bool        // ...for the first caller to take
-	taken    atomic.Bool // whether v has been handed out
+	data      []byte      // the codec's bytes; each caller decodes its own copy
+	notFound  error       // non-nil: the value does not exist; what callers get
+	v         V           // on a hit, data already decoded once...
+	hasV      bool        // ...for the first caller to take
+	taken     atomic.Bool // whether v has been handed out
+	fresh     freshness   // what the record says of its age (zero: nothing)
+	throttled bool        // a stale value kept after a failed refresh
+	stale     bool        // served past its TTL
 	// at is when the Redis call that vouches for this result was sent: the
 	// read that found it, the commit that stored it, or for a load whose lock
 	// was lost, the lock's acquisition. A caller that began after at may
@@ -117,6 +123,9 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 				// The flight's answer predates this caller. The flight has
 				// left the group, so the next one starts after start.
 				continue
+			}
+			if res.stale {
+				markStale(ctx)
 			}
 			return c.value(res)
 		case <-ctx.Done():
@@ -253,8 +262,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	var skip []byte // bytes at key we could not decode: a miss, to be replaced
 	switch class := c.redisCall(key, err); {
 	case err == nil:
-		if r := c.decode(b, at); r != nil {
-			c.cfg.emit(EventHit, key, 0, nil)
+		if r := c.found(ctx, key, load, c.decode(b, at)); r != nil {
 			return r, nil
 		}
 		skip = b
@@ -275,14 +283,14 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		case errNone:
 			if res[0].(int64) == 1 {
 				b := []byte(res[1].(string))
-				if r := c.decode(b, at); r != nil {
+				if r := c.found(ctx, key, load, c.decode(b, at)); r != nil {
 					c.waited(key, waitStart, nil)
 					return r, nil
 				}
 				skip = b
 			} else if res[1].(int64) == 1 {
 				c.waited(key, waitStart, nil)
-				return c.load(ctx, key, lk, at, load)
+				return c.load(ctx, key, lk, at, load, nil)
 			} else if waitStart.IsZero() {
 				waitStart = time.Now()
 				c.cfg.emit(EventLockContended, key, 0, nil)
@@ -344,30 +352,76 @@ func (c *Cache[V]) decode(b []byte, at time.Time) *result[V] {
 	if c.cfg.codec.Unmarshal(payload, &r.v) != nil {
 		return nil
 	}
+	r.fresh, _ = readFreshness(b)
+	r.throttled = b[1]&flagThrottled != 0
+	return r
+}
+
+// found answers a flight with a record it read (nil: unreadable): fresh
+// values at once, values due for refresh after starting it in the
+// background, stale ones as stale serving says. nil means a miss.
+func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Context) (V, error), r *result[V]) *result[V] {
+	if r == nil {
+		return nil
+	}
+	switch c.cfg.ageOf(r.fresh, r.throttled, r.at) { // r.at is a moment ago: no clock read on a hit
+	case ageFresh:
+	case ageRefresh:
+		c.refresh(ctx, key, load, r)
+	case ageStale:
+		return c.serveStale(ctx, key, load, r, r.throttled)
+	default:
+		return nil
+	}
+	c.cfg.emit(EventHit, key, 0, nil)
 	return r
 }
 
 // load runs the loader as the lock holder (the lock taken by the call sent
 // at locked), with the watchdog extending the lease, and commits the outcome.
-func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked time.Time, load func(context.Context) (V, error)) (*result[V], error) {
+// When the loader fails and stale is the payload of a stale value (a
+// refresh under [WithStale]), that value is kept for the throttle instead.
+func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked time.Time, load func(context.Context) (V, error), stale []byte) (*result[V], error) {
 	stop := c.watchdog(ctx, key, lk)
 	began := time.Now()
-	v, err := callLoader(ctx, load)
-	c.cfg.emit(EventLoad, key, time.Since(began), err)
+	opts := &loadOptions{}
+	v, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, opts), load)
+	took := time.Since(began)
+	c.cfg.emit(EventLoad, key, took, err)
 	stop()
 	r, err := c.outcome(key, v, err)
 	switch {
+	case err != nil && stale != nil:
+		c.report(key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", key, c.cfg.throttle, err))
+		record := encodeFresh(flagThrottled, freshness{expiry: time.Now().Add(c.cfg.throttle), load: took}, stale)
+		c.commit(ctx, key, lk, locked, record, addSat(c.cfg.throttle, c.cfg.stale))
 	case err != nil:
 		c.release(ctx, key, lk)
-	case r.notFound != nil && c.cfg.notFoundTTL == 0:
+	case opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0:
 		c.release(ctx, key, lk)
 		r.at = locked
 	case r.notFound != nil:
 		r.at = c.commit(ctx, key, lk, locked, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
 	default:
-		r.at = c.commit(ctx, key, lk, locked, encodeRecord(0, r.data), c.jittered(c.cfg.ttl))
+		ttl := c.cfg.ttl
+		if opts.ttl > 0 {
+			ttl = opts.ttl
+		}
+		record, px := c.record(r.data, took, ttl)
+		r.at = c.commit(ctx, key, lk, locked, record, px)
 	}
 	return r, err
+}
+
+// record wraps a value loaded in took for a TTL of ttl (before jitter); px
+// is how long Redis keeps it: the TTL plus what stale serving and early
+// refresh need past it.
+func (c *Cache[V]) record(data []byte, took, ttl time.Duration) (record []byte, px time.Duration) {
+	ttl = c.jittered(ttl)
+	if !c.cfg.withFreshness() {
+		return encodeRecord(0, data), ttl
+	}
+	return encodeFresh(0, freshness{expiry: time.Now().Add(ttl), load: took}, data), addSat(ttl, c.cfg.keep(took))
 }
 
 // outcome turns what the loader returned into a flight result. On success
@@ -502,6 +556,14 @@ func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load 
 		r.at = time.Now() // from the source itself, after every caller of the flight joined
 	}
 	return r, err
+}
+
+// addSat is a+b, saturating instead of overflowing for huge TTLs.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // jittered spreads d by the configured fraction, to at least 1ms and without

@@ -36,11 +36,12 @@ func TestGetOrLoadColdKeyLoadsOnceFor300Goroutines(t *testing.T) {
 	if got := src.calls.Load(); got != 1 {
 		t.Fatalf("loader called %d times for 300 concurrent callers; want 1", got)
 	}
-	// The value is at exactly the key: a header then the JSON, readable by others.
+	// The value is at exactly the key: a header, the freshness metadata
+	// (early refresh is on by default), then the JSON, readable by others.
 	raw, err := rdb.Get(t.Context(), p+"hot").Bytes()
 	require.NoError(t, err)
-	assert.Equal(t, []byte{recordV1, 0, 0}, raw[:headerLen])
-	assert.JSONEq(t, `{"id":"p1","price":1,"tags":{"sale":"yes"}}`, string(raw[headerLen:]))
+	assert.Equal(t, []byte{recordV1, flagFreshness, freshnessLen}, raw[:headerLen])
+	assert.JSONEq(t, `{"id":"p1","price":1,"tags":{"sale":"yes"}}`, string(raw[headerLen+freshnessLen:]))
 }
 
 func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
@@ -59,8 +60,11 @@ func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
 		require.NoError(t, errs[i])
 		assert.Equal(t, "p1", vals[i].ID)
 	}
-	if got := cmds.get("get"); got != 1 {
-		t.Fatalf("100 concurrent hits sent %d GETs; want 1", got)
+	// One GET for the callers that joined before it was sent, at most one
+	// more for those that joined while it was on the way: a Delete elsewhere
+	// may have come between (see TestCallerAfterDeleteElsewhere...).
+	if got := cmds.get("get"); got > 2 {
+		t.Fatalf("100 concurrent hits sent %d GETs; want 1 or 2", got)
 	}
 	assert.Zero(t, src.calls.Load(), "a hit must not call the loader")
 }

@@ -21,6 +21,9 @@ const (
 
 	DefaultBreakerFailures = 5
 	DefaultBreakerCoolDown = time.Second
+
+	DefaultEarlyRefresh  = 1.0
+	DefaultStaleThrottle = 5 * time.Second
 )
 
 // FailurePolicy says what [Cache.GetOrLoad] does when Redis cannot be reached
@@ -55,6 +58,10 @@ type config struct {
 	policy      FailurePolicy
 	onError     func(key string, err error)
 	observer    func(Event)
+	beta        float64       // XFetch's beta; 0: no early refresh
+	stale       time.Duration // how long past its TTL a value may be served; 0: never
+	throttle    time.Duration // after a failed refresh, serve the stale value this long before retrying
+	softTimeout time.Duration // how long a stale read waits for its refresh; 0: not at all
 	breaker     struct {
 		failures int // 0: off
 		coolDown time.Duration
@@ -71,6 +78,8 @@ func newConfig(opts []Option) config {
 		loadTimeout: DefaultLoadTimeout,
 		codec:       JSON,
 		policy:      FailOpen,
+		beta:        DefaultEarlyRefresh,
+		throttle:    DefaultStaleThrottle,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -114,6 +123,14 @@ func (c *config) validate() error {
 		return fmt.Errorf("cache: WithCodec(nil): codec must not be nil")
 	case c.breaker.failures < 0 || c.breaker.failures > math.MaxInt32 || c.breaker.failures > 0 && c.breaker.coolDown <= 0:
 		return fmt.Errorf("cache: WithCircuitBreaker(%d, %v): failures must be positive and the cool-down positive", c.breaker.failures, c.breaker.coolDown)
+	case !(c.beta >= 0 && c.beta <= 100):
+		return fmt.Errorf("cache: WithEarlyRefresh(%v): beta must be in [0, 100]", c.beta)
+	case c.stale < 0:
+		return fmt.Errorf("cache: WithStale(%v): duration must not be negative", c.stale)
+	case c.throttle < time.Millisecond:
+		return fmt.Errorf("cache: WithStaleThrottle(%v): throttle must be at least 1ms", c.throttle)
+	case c.softTimeout < 0:
+		return fmt.Errorf("cache: WithSoftLoadTimeout(%v): timeout must not be negative", c.softTimeout)
 	case c.policy != FailOpen && c.policy != FailClosed:
 		return fmt.Errorf("cache: WithFailurePolicy(%d): unknown policy", c.policy)
 	}
@@ -214,3 +231,43 @@ func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.poli
 func WithErrorHook(fn func(key string, err error)) Option {
 	return func(c *config) { c.onError = fn }
 }
+
+// WithEarlyRefresh sets how eagerly a hit refreshes its value before the TTL
+// ends, so that a hot key never expires in front of its callers. Each hit
+// refreshes in the background with the probability of XFetch (Vattani,
+// Chierichetti and Lowenstein, VLDB 2015): when now - load*beta*ln(rand) is
+// past the expiry, where load is how long the value took to load. The
+// refresh takes the key's load lock and commits fenced like a load, so it
+// runs once per key across processes; callers keep getting the current
+// value meanwhile, and a value whose refresh is late is still served for a
+// grace of three load durations past its TTL (longer with [WithStale]).
+// Default: 1 ([DefaultEarlyRefresh]), the paper's optimum: refreshes land
+// on average about one load duration before expiry, adding no loads to a hot
+// key (one per TTL, as without it) and none to cold keys, which see no hit
+// near their expiry. Larger beta refreshes earlier; 0 turns it off. beta must
+// be in [0, 100].
+func WithEarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta } }
+
+// WithStale keeps values in Redis for d past their TTL and serves them
+// (fail-safe): a value past its TTL is returned at once while one refresh
+// runs in the background (stale-while-revalidate; see
+// [WithSoftLoadTimeout] to wait for it a little), and when that refresh
+// fails, the stale value goes on being served (stale-if-error): its error
+// goes to [WithErrorHook] and the observer, and the value is not retried for
+// [WithStaleThrottle], so a failing database is not hammered, for as long
+// as the database fails. A caller can tell a stale value through
+// [WithResultInfo] or [EventStaleServed]. Default: 0, off: a value past its
+// TTL is a miss. Negative d makes [New] panic.
+func WithStale(d time.Duration) Option { return func(c *config) { c.stale = d } }
+
+// WithStaleThrottle sets how long a stale value is served without retrying
+// its refresh after a refresh failed. Default: 5s ([DefaultStaleThrottle]).
+// At least 1ms.
+func WithStaleThrottle(d time.Duration) Option { return func(c *config) { c.throttle = d } }
+
+// WithSoftLoadTimeout makes a read that finds a stale value (see
+// [WithStale]) wait up to d for its refresh, returning the fresh value when
+// the database answers in time and the stale one otherwise, while the
+// refresh goes on in the background. Default: 0, the stale value is
+// returned at once.
+func WithSoftLoadTimeout(d time.Duration) Option { return func(c *config) { c.softTimeout = d } }

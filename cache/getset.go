@@ -1,0 +1,92 @@
+// getset.go is the direct access to the cache: Get reads without loading,
+// Set writes through after the application changed the source.
+
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/set.lua
+	setLua    string
+	setScript = redis.NewScript(setLua)
+)
+
+// Get returns the value cached at key without loading it. Errors:
+// [ErrCacheMiss] when Redis holds no readable value (absent, expired past
+// every grace, or unreadable); [ErrNotFound] when a loader's not-found is
+// cached; [ErrEmptyKey], [ErrReservedKey]; [ErrCircuitOpen] while the
+// breaker is open; a Redis error wrapped as "cache: redis: ..."; a decoding
+// error. A value past its TTL that [WithStale] still serves is returned,
+// and marked in [WithResultInfo]; Get never refreshes it. Get is not merged
+// with other callers: each call is one GET.
+func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
+	var zero V
+	key, err := c.key(key)
+	if err != nil {
+		return zero, err
+	}
+	if !c.brk.allow() {
+		return zero, ErrCircuitOpen
+	}
+	at := time.Now()
+	b, err := c.rdb.Get(ctx, key).Bytes()
+	switch c.redisCall(key, err) {
+	case errNone:
+	default:
+		return zero, fmt.Errorf("cache: redis: %w", err)
+	}
+	if errors.Is(err, redis.Nil) {
+		return zero, ErrCacheMiss
+	}
+	r := c.decode(b, at)
+	if r == nil {
+		return zero, ErrCacheMiss
+	}
+	if r.notFound == nil {
+		switch c.cfg.ageOf(r.fresh, r.throttled, at) {
+		case ageExpired:
+			return zero, ErrCacheMiss
+		case ageStale:
+			markStale(ctx)
+		}
+	}
+	return c.value(r)
+}
+
+// Set stores v at key for the TTL (with jitter), as GetOrLoad would after a
+// load: call it after writing the source, when the new value is at hand. It
+// wins over a load in flight in any process: the load's lock is voided, so
+// the older value it loaded is never stored over v, and callers that begin
+// after Set returns get v (or newer). Waiters on the key are woken. Errors:
+// [ErrEmptyKey], [ErrReservedKey]; an encoding error (nothing is written);
+// a Redis error wrapped as "cache: redis: ...". Transient cluster errors
+// are retried within the retry budget.
+func (c *Cache[V]) Set(ctx context.Context, key string, v V) error {
+	key, err := c.key(key)
+	if err != nil {
+		return err
+	}
+	data, err := c.marshal(v)
+	if err != nil {
+		return fmt.Errorf("cache: encode value for %q: %w", key, err)
+	}
+	defer c.group.Forget(key) // later callers must not join a flight that began before the write
+	record, px := c.record(data, 0, c.cfg.ttl)
+	for attempt := 1; ; attempt++ {
+		err := setScript.Run(ctx, c.rdb, []string{key, LockKey(key)}, record, px.Milliseconds(), c.notify.channel(key)).Err()
+		if c.redisCall(key, err) == errNone {
+			return nil
+		}
+		if classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
+			return fmt.Errorf("cache: redis: %w", err)
+		}
+	}
+}

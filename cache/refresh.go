@@ -1,0 +1,69 @@
+// refresh.go reloads a value in the background, before it expires (early
+// refresh) or once it is stale, under the key's load lock and with the same
+// fenced commit as a load, so that it runs once per key across processes
+// while callers keep getting the current value.
+
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/lock.lua
+	lockLua    string
+	lockScript = redis.NewScript(lockLua)
+)
+
+// refresh starts a background refresh of key, unless one is already running
+// in this process. The returned channel yields the fresh result, or nil when
+// the refresh did not produce one (another process holds the lock, the
+// loader failed); it is nil when no refresh was started. The refresh runs
+// on ctx's values without its cancellation, bounded by the load timeout;
+// [Cache.Close] waits for it.
+func (c *Cache[V]) refresh(ctx context.Context, key string, load func(context.Context) (V, error), old *result[V]) <-chan *result[V] {
+	if _, running := c.refreshing.LoadOrStore(key, struct{}{}); running {
+		return nil
+	}
+	done := make(chan *result[V], 1)
+	c.bg.Go(func() {
+		defer c.refreshing.Delete(key)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
+		defer cancel()
+		began := time.Now()
+		r, err := c.refreshLocked(ctx, key, load, old)
+		if r != nil || err != nil {
+			c.cfg.emit(EventRefresh, key, time.Since(began), err)
+		}
+		done <- r
+	})
+	return done
+}
+
+// refreshLocked takes the lock (if free) and reloads; after a loader
+// failure it keeps the stale value for the throttle, when stale serving is
+// on. (nil, nil) means someone else holds the lock.
+func (c *Cache[V]) refreshLocked(ctx context.Context, key string, load func(context.Context) (V, error), old *result[V]) (*result[V], error) {
+	lk := newLoadLock(key)
+	locked := time.Now()
+	n, err := lockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds()).Int()
+	if class := c.redisCall(key, err); class != errNone {
+		if class == errOutage {
+			c.release(ctx, key, lk) // the lock is ours if only the reply was lost
+		}
+		return nil, fmt.Errorf("cache: redis: %w", err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	var fallback []byte
+	if c.cfg.stale > 0 && old != nil && old.notFound == nil {
+		fallback = old.data
+	}
+	return c.load(ctx, key, lk, locked, load, fallback)
+}

@@ -1,0 +1,120 @@
+// stale.go decides how old a value read from Redis is, and serves values past
+// their TTL (stale-while-revalidate, stale-if-error) when WithStale allows.
+
+package cache
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// age is what a read value's freshness calls for.
+type age uint8
+
+const (
+	ageFresh   age = iota // serve it
+	ageRefresh            // serve it and refresh it in the background
+	ageStale              // past its TTL: serve it as stale, refreshing it unless throttled
+	ageExpired            // past every grace: a miss
+)
+
+// flagThrottled (optional) marks a stale value kept after a failed refresh:
+// its expiry is the end of the throttle, before which nobody retries.
+const flagThrottled byte = 1 << 5
+
+// ageOf classifies a record read at now.
+func (c *config) ageOf(f freshness, throttled bool, now time.Time) age {
+	if f.expiry.IsZero() {
+		return ageFresh // written without metadata: Redis's expiry is its TTL
+	}
+	if now.Before(f.expiry) {
+		switch {
+		case throttled:
+			return ageStale
+		case c.beta > 0 && c.xfetch(f, now):
+			return ageRefresh
+		}
+		return ageFresh
+	}
+	past := now.Sub(f.expiry)
+	switch {
+	case past < c.stale:
+		return ageStale
+	case c.beta > 0 && past < grace(f.load):
+		return ageRefresh // a refresh that is late; serve the value meanwhile
+	}
+	return ageExpired
+}
+
+// xfetch is the early-refresh test of Vattani et al.: refresh when
+// now - load*beta*ln(rand) reaches the expiry.
+func (c *config) xfetch(f freshness, now time.Time) bool {
+	gap := float64(f.load) * c.beta * -math.Log(1-rand.Float64()) // 1-rand is in (0, 1]
+	return gap >= float64(f.expiry.Sub(now))
+}
+
+// grace is how long past its TTL a value stays readable so that a refresh
+// that starts late is not seen as a miss: three load durations.
+func grace(load time.Duration) time.Duration { return 3 * load }
+
+// keep is how long past its TTL Redis must keep a value loaded in load.
+func (c *config) keep(load time.Duration) time.Duration {
+	if c.beta == 0 {
+		return c.stale
+	}
+	return max(c.stale, grace(load))
+}
+
+// withFreshness reports whether records carry freshness metadata: only
+// when something reads it.
+func (c *config) withFreshness() bool { return c.beta > 0 || c.stale > 0 }
+
+// ResultInfo tells a caller about the value [Cache.GetOrLoad] or [Cache.Get]
+// returned; see [WithResultInfo].
+type ResultInfo struct {
+	// Stale is set to true when the value was past its TTL (see [WithStale]).
+	Stale bool
+}
+
+type resultInfoKey struct{}
+
+// WithResultInfo returns a context that makes [Cache.GetOrLoad] and
+// [Cache.Get] fill info, for callers that want to tell a stale value from a
+// fresh one. Use a new ResultInfo for each call: it is only ever set, never
+// cleared.
+func WithResultInfo(ctx context.Context, info *ResultInfo) context.Context {
+	return context.WithValue(ctx, resultInfoKey{}, info)
+}
+
+// markStale records in ctx's ResultInfo, if any, that a stale value was
+// returned. Only stale results pay for the context lookup.
+func markStale(ctx context.Context) {
+	if info, _ := ctx.Value(resultInfoKey{}).(*ResultInfo); info != nil {
+		info.Stale = true
+	}
+}
+
+// serveStale answers a flight that found a stale value: at once, or after
+// waiting up to the soft load timeout for the refresh it starts.
+func (c *Cache[V]) serveStale(ctx context.Context, key string, load func(context.Context) (V, error), r *result[V], throttled bool) *result[V] {
+	r.stale = true
+	var done <-chan *result[V]
+	if !throttled {
+		done = c.refresh(ctx, key, load, r)
+	}
+	if done != nil && c.cfg.softTimeout > 0 {
+		t := time.NewTimer(c.cfg.softTimeout)
+		defer t.Stop()
+		select {
+		case fresh := <-done:
+			if fresh != nil {
+				return fresh
+			}
+		case <-t.C:
+		}
+	}
+	c.cfg.emit(EventStaleServed, key, 0, nil)
+	return r
+}
