@@ -2,9 +2,10 @@
 // cold and keeps expiring, served by several instances, with three caching
 // strategies compared on the same workload.
 //
-//	go run ./examples/hotkey            # embedded Redis and MongoDB, ~30s once built
+//	go run ./examples/hotkey            # embedded Redis and MongoDB, ~25s once built
 //	go run ./examples/hotkey -procs 4   # instances as 4 OS processes
 //	go run ./examples/hotkey -json      # one JSON object per strategy
+//	go run ./examples/hotkey -metrics   # and the caches' OpenTelemetry figures
 //
 // REDIS_ADDR and MONGO_URI point it at real servers instead.
 package main
@@ -32,6 +33,7 @@ type config struct {
 	Procs       int           // >0: run the instances as this many OS processes
 	Products    int           // products seeded into the embedded database
 	JSON        bool          // one JSON object per strategy on stdout
+	Metrics     bool          // the OpenTelemetry adapter on the stampede caches, figures printed at the end (metrics.go)
 	Verbose     bool          // server logs on stderr
 	RedisAddr   string        // "" starts an embedded miniredis
 	MongoURI    string        // "" starts an embedded FerretDB
@@ -53,6 +55,7 @@ func main() {
 	flag.IntVar(&cfg.Products, "products", 5000, "products seeded into the embedded database")
 	flag.BoolVar(&cfg.JSON, "json", false, "print one JSON object per strategy on its own line")
 	flag.BoolVar(&cfg.Verbose, "v", false, "show server logs")
+	flag.BoolVar(&cfg.Metrics, "metrics", false, "record the stampede caches' events with the OpenTelemetry adapter and print the figures at the end")
 	flag.Parse()
 	if err := cfg.check(); err != nil {
 		fmt.Fprintln(os.Stderr, "hotkey:", err)
@@ -84,6 +87,8 @@ func (c *config) check() error {
 		return fmt.Errorf("-min-expiries and -max-duration must not be negative")
 	case c.Products < 1:
 		return fmt.Errorf("-products must be at least 1")
+	case c.Metrics && c.Procs > 0:
+		return fmt.Errorf("-metrics reads the caches of this process; it cannot be combined with -procs")
 	}
 	if c.MaxDuration == 0 {
 		c.MaxDuration = 10 * c.Duration
@@ -116,6 +121,13 @@ func run(ctx context.Context, cfg config, out, errw io.Writer) (*report, error) 
 		cfg.Products, hotKey(e.runID, "<strategy>"), cfg.Instances, mode, cfg.Goroutines,
 		cfg.Duration, cfg.MinExpiries, cfg.MaxDuration, cfg.TTL, cfg.LoadDelay)
 
+	var m *metrics
+	if cfg.Metrics {
+		if m, err = startMetrics(); err != nil {
+			return nil, err
+		}
+		defer m.stop()
+	}
 	rep := &report{cfg: cfg, env: e}
 	for _, s := range strategies {
 		r, err := measure(ctx, cfg, e, s, errw)
@@ -130,6 +142,11 @@ func run(ctx context.Context, cfg config, out, errw io.Writer) (*report, error) 
 		fmt.Fprintln(errw, rep.Verdict)
 	} else {
 		rep.writeTable(out)
+	}
+	if m != nil {
+		if err := m.write(ctx, info); err != nil {
+			return nil, err
+		}
 	}
 	return rep, nil
 }
