@@ -296,6 +296,16 @@ func TestObtainOtherTypeAtKey(t *testing.T) {
 	assert.Equal(t, "v", rdb.HGet(t.Context(), key, "f").Val())
 }
 
+func TestLockTTLWithoutExpiry(t *testing.T) {
+	rdb, p := setup(t)
+	l, err := Obtain(t.Context(), rdb, p+"k", time.Minute)
+	require.NoError(t, err)
+	require.True(t, rdb.Persist(t.Context(), p+"k").Val())
+	d, err := l.TTL(t.Context())
+	require.NoError(t, err, "the lock is still ours")
+	assert.Equal(t, time.Duration(-1), d, "TTL() of a lock without expiry")
+}
+
 func TestObtainPrefix(t *testing.T) {
 	rdb, p := setup(t)
 	l, err := Obtain(t.Context(), rdb, "job", time.Minute, WithLockPrefix(p+"locks:"))

@@ -27,7 +27,9 @@ import (
 //     between the machines. [Lock.Validity] then counts it down.
 //  3. Otherwise the key is released on every master, including any that
 //     answers late, and the attempt has failed: it is retried as
-//     [WithLockRetry] says (default: no retry). When no attempt succeeds the
+//     [WithLockRetry] says (default: no retry; use a jittered strategy such
+//     as [ExponentialBackoff], so that clients that split the votes do not
+//     split them again). When no attempt succeeds the
 //     error is [ErrLockNotAcquired], joined with ctx.Err() if ctx ended and
 //     with the last attempt's Redis errors, each wrapped as
 //     "cache: redis: master i: ...".
