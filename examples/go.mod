@@ -7,8 +7,11 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stampede-go/stampede v0.0.0-00010101000000-000000000000
+	github.com/stampede-go/stampede/otel v0.0.0-00010101000000-000000000000
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	go.mongodb.org/mongo-driver v1.17.10
+	go.opentelemetry.io/otel v1.44.0
+	go.opentelemetry.io/otel/sdk/metric v1.44.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.24.0
 )
@@ -52,7 +55,6 @@ require (
 	github.com/youmark/pkcs8 v0.0.0-20240726163527-a2c0da244d78 // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
-	go.opentelemetry.io/otel v1.44.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.28.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp v1.28.0 // indirect
 	go.opentelemetry.io/otel/metric v1.44.0 // indirect
@@ -78,6 +80,9 @@ require (
 	modernc.org/token v1.1.0 // indirect
 )
 
-// The root module is not released yet; in this repository go.work also
-// points at it.
-replace github.com/stampede-go/stampede => ../
+// The root module and the otel module are not released yet; in this
+// repository go.work also points at them.
+replace (
+	github.com/stampede-go/stampede => ../
+	github.com/stampede-go/stampede/otel => ../otel
+)

@@ -114,7 +114,7 @@ func newInstance(ctx context.Context, spec instanceSpec, live *counters) (*insta
 		}
 	case "stampede":
 		// No jitter: every strategy gets the same TTL, so their expiries line up.
-		c := cache.New[Product](in.rdb, cache.WithTTL(spec.TTL), cache.WithoutJitter())
+		c := cache.New[Product](in.rdb, append([]cache.Option{cache.WithTTL(spec.TTL), cache.WithoutJitter()}, cacheOptions...)...)
 		in.get = func(ctx context.Context) (Product, error) { return c.GetOrLoad(ctx, spec.Key, in.load) }
 	default:
 		in.close()

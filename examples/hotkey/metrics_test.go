@@ -1,0 +1,83 @@
+// metrics_test.go runs a short demo with -metrics and reads the table of the
+// OpenTelemetry adapter's figures: counts of events, no timing.
+
+package main
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stampede-go/stampede/internal/redistest"
+)
+
+func TestDemoMetrics(t *testing.T) {
+	cfg := config{Instances: 2, Goroutines: 4, Metrics: true}
+	// One expiry, the cold start: the traffic stops after Duration.
+	cfg.Duration, cfg.MinExpiries, cfg.MaxDuration = 500*time.Millisecond, 1, 2*time.Minute
+	cfg.TTL, cfg.LoadDelay, cfg.Products = 300*time.Millisecond, 20*time.Millisecond, 100
+	cfg.RedisAddr = redistest.Addr(t)
+	if err := cfg.check(); err != nil {
+		t.Fatal(err)
+	}
+	var out, errw bytes.Buffer
+	rep, err := run(t.Context(), cfg, &out, &errw)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, errw.String())
+	}
+	t.Logf("\n%s", out.String())
+	if cacheOptions != nil {
+		t.Error("the observer is still set after the run; want it removed")
+	}
+
+	rows := metricsTable(t, out.String())
+	s := rep.get("stampede")
+	loads, hits, misses := rows["cache.load.duration cache.outcome=ok"], rows["cache.lookups cache.lookup.result=hit"],
+		rows["cache.lookups cache.lookup.result=miss"]
+	if loads != s.DBLoads || loads == 0 {
+		t.Errorf("cache.load.duration{ok} count = %d; want the %d database loads of the stampede strategy, at least 1", loads, s.DBLoads)
+	}
+	if hits == 0 || misses == 0 {
+		t.Errorf("cache.lookups: %d hits, %d misses; want both (the cold start misses)", hits, misses)
+	}
+	for k := range rows {
+		if strings.Contains(k, "=error") {
+			t.Errorf("%s = %d; want no errors", k, rows[k])
+		}
+	}
+}
+
+func TestMetricsNeedOneProcess(t *testing.T) {
+	cfg := config{Procs: 2, Goroutines: 1, Duration: time.Second, TTL: time.Second, Products: 1, Metrics: true}
+	if err := cfg.check(); err == nil {
+		t.Error("check() accepted -metrics with -procs; want an error (the figures would miss the children)")
+	}
+}
+
+// metricsTable parses the -metrics table: "metric attrs" to a counter's
+// value or a histogram's count.
+func metricsTable(t *testing.T, out string) map[string]int64 {
+	t.Helper()
+	_, table, ok := strings.Cut(out, "metrics of the stampede caches")
+	if !ok {
+		t.Fatal("no metrics table in the output")
+	}
+	rows := map[string]int64{}
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !strings.HasPrefix(f[0], "cache.") {
+			continue
+		}
+		if strings.HasSuffix(f[len(f)-1], "s") { // a histogram's sum
+			f = f[:len(f)-1]
+		}
+		n, err := strconv.ParseInt(f[len(f)-1], 10, 64)
+		if err != nil {
+			t.Fatalf("metrics table line %q: %v", line, err)
+		}
+		rows[strings.Join(f[:len(f)-1], " ")] = n
+	}
+	return rows
+}
