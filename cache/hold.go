@@ -34,8 +34,10 @@ var ErrLockLost = errors.New("cache: lock lost")
 // Hold neither obtains nor releases the lock: when fn returns the lease runs
 // on for up to ttl. Release it (or use [Do]) when others may start at once;
 // keep it when the lease itself should keep others out, as for one run of a
-// scheduled job. On a nil Lock, Hold returns [ErrLockNotHeld] without
-// calling fn. A panic in fn stops the watchdog and propagates.
+// scheduled job. On a nil Lock, or one whose lease can no longer be assumed
+// valid when Hold is called (see [Lock.Validity]: released, found lost, or
+// run out), Hold returns [ErrLockNotHeld] without calling fn. A panic in fn
+// stops the watchdog and propagates.
 //
 // The watchdog is a goroutine that ends before Hold returns; a refresh call
 // still waiting for a stalled Redis then is left to end with the client's
@@ -47,6 +49,9 @@ func (l *Lock) Hold(ctx context.Context, fn func(ctx context.Context) error) err
 	}
 	if fn == nil {
 		return errors.New("cache: Hold: nil fn")
+	}
+	if l.Validity() == 0 {
+		return ErrLockNotHeld // released, found lost, or its lease has run out
 	}
 	work, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

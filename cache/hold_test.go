@@ -228,6 +228,29 @@ func TestHoldParentCancelled(t *testing.T) {
 	assert.Equal(t, l.Token(), rdb.Get(t.Context(), p+"k").Val())
 }
 
+func TestHoldNeedsAValidLease(t *testing.T) {
+	rdb, p := setup(t)
+	run := func(l *Lock) (bool, error) {
+		called := false
+		err := l.Hold(t.Context(), func(context.Context) error { called = true; return nil })
+		return called, err
+	}
+
+	released, err := Obtain(t.Context(), rdb, p+"released", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, released.Release(t.Context()))
+	called, err := run(released)
+	assert.ErrorIs(t, err, ErrLockNotHeld)
+	assert.False(t, called, "Hold must not run fn on a released lock")
+
+	expired, err := Obtain(t.Context(), rdb, p+"expired", 20*time.Millisecond)
+	require.NoError(t, err)
+	time.Sleep(30 * time.Millisecond)
+	called, err = run(expired)
+	assert.ErrorIs(t, err, ErrLockNotHeld)
+	assert.False(t, called, "Hold must not run fn once the lease has run out")
+}
+
 func TestHoldPanicStopsWatchdog(t *testing.T) {
 	_, p := setup(t)
 	f := newRefreshFault(t)

@@ -99,7 +99,7 @@ var errNoAnswer = errors.New("no answer within the quorum wait")
 // round runs call on every master at once and gathers the answers until all
 // have answered, settled says the outcome is known (given the masters that
 // said 1 and those that did not), or the deadline or ctx ends. A master that
-// has not answered by then gets errNoAnswer. Each call runs in a goroutine of
+// has not answered by then gets errNoAnswer, or ctx's error if ctx ended. Each call runs in a goroutine of
 // its own that ends when the call does (bounded by the client's timeouts,
 // and cancelled by finish); with after, that goroutine then waits for finish
 // and runs after with its master's real answer and whether it came too late
@@ -145,6 +145,13 @@ wait:
 			}
 		case <-rctx.Done():
 			break wait
+		}
+	}
+	if err := ctx.Err(); err != nil { // the caller's context, not the wait, ended the round
+		for i := range answers {
+			if !counted[i] {
+				answers[i].err = err
+			}
 		}
 	}
 	return answers, func() { cancel(); close(over) }

@@ -235,6 +235,29 @@ func TestRedlockHeldElsewhere(t *testing.T) {
 	assert.Equal(t, 3, q.holding("three", "other", all5...))
 }
 
+// TestRedlockContextEnds is issue 8 item 5 for ObtainQuorum: however ctx
+// ends (during a wait or during a round), the error is ErrLockNotAcquired
+// joined with ctx.Err().
+func TestRedlockContextEnds(t *testing.T) {
+	q := newQuorumSet(t)
+	for _, c := range q.clients {
+		require.NoError(t, c.Set(t.Context(), "held", "other", time.Minute).Err())
+	}
+	bare := 0
+	for i := range 100 {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Duration(1+i%3)*time.Millisecond)
+		_, err := ObtainQuorum(ctx, q.masters, "held", time.Minute, WithLockRetry(LinearBackoff(time.Millisecond)))
+		cancel()
+		if !errors.Is(err, ErrLockNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			if bare++; bare <= 3 {
+				t.Logf("run %d: ObtainQuorum = %v", i, err)
+			}
+		}
+	}
+	assert.Zero(t, bare, "ObtainQuorum returned an error without ErrLockNotAcquired and ctx.Err() in %d of 100 runs", bare)
+	assert.Equal(t, 5, q.holding("held", "other", all5...))
+}
+
 // slowScripts delays every script call, as a slow network would.
 type slowScripts time.Duration
 
