@@ -248,8 +248,8 @@ func eventually(tb testing.TB, within time.Duration, what string, cond func() bo
 // key is "{key}:lock", so both land in one cluster slot.
 func lockKeyOf(key string) string { return cache.LockKey(key) }
 
-// stored reads the codec bytes the cache wrote at key (after the two header
-// bytes), or "" when the key is absent.
+// stored reads the codec bytes the cache wrote at key (after the record
+// header and its metadata), or "" when the key is absent.
 func stored(tb testing.TB, rdb redis.UniversalClient, key string) string {
 	tb.Helper()
 	b, err := rdb.Get(context.Background(), key).Bytes()
@@ -259,9 +259,10 @@ func stored(tb testing.TB, rdb redis.UniversalClient, key string) string {
 	if err != nil {
 		tb.Fatalf("GET %q: %v", key, err)
 	}
-	// Version, flags, metadata length; the cache writes no metadata.
-	if len(b) < 3 || b[0] != 1 || b[2] != 0 {
-		tb.Fatalf("GET %q = %q: not a record of this version", key, b)
+	// Version, flags (the low four bits must be understood: none set for a
+	// value), metadata length, metadata (freshness), payload.
+	if len(b) < 3 || b[0] != 1 || b[1]&0x0f != 0 || len(b) < 3+int(b[2]) {
+		tb.Fatalf("GET %q = %q: not a value record of this version", key, b)
 	}
-	return string(b[3:])
+	return string(b[3+int(b[2]):])
 }

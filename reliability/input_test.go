@@ -314,9 +314,8 @@ func TestHugeValue(t *testing.T) {
 	if out.ok != 10 || src.loads(key) != 1 {
 		t.Errorf("callers: %v, loads=%d; want 10 ok, 1 load", out, src.loads(key))
 	}
-	n := direct.StrLen(context.Background(), key).Val()
-	if n != int64(len(huge))+5 { // 3-byte header + JSON quotes
-		t.Errorf("STRLEN = %d; want %d", n, len(huge)+5)
+	if got := stored(t, direct, key); got != `"`+huge+`"` { // whole, after the header and its metadata
+		t.Errorf("stored %d bytes; want %d, the JSON of the value", len(got), len(huge)+2)
 	}
 	t.Logf("figures: 8MiB value, 2 procs x 5 callers: loads=%d %v in %v", src.loads(key), out, time.Since(start).Round(time.Millisecond))
 }
