@@ -47,12 +47,12 @@ func ExampleObserver() {
 			case metricdata.Sum[int64]:
 				for _, dp := range d.DataPoints {
 					result, _ := dp.Attributes.Value(cacheotel.KeyLookupResult)
-					fmt.Printf("%s{%s} %d\n", m.Name, result.Emit(), dp.Value)
+					fmt.Printf("%s{%s} %d\n", m.Name, result.String(), dp.Value)
 				}
 			case metricdata.Histogram[float64]:
 				for _, dp := range d.DataPoints {
 					outcome, _ := dp.Attributes.Value(cacheotel.KeyOutcome)
-					fmt.Printf("%s{%s} count %d\n", m.Name, outcome.Emit(), dp.Count)
+					fmt.Printf("%s{%s} count %d\n", m.Name, outcome.String(), dp.Count)
 				}
 			}
 		}

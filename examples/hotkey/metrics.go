@@ -96,7 +96,7 @@ func attrs(kvs []attribute.KeyValue) string {
 	var s []string
 	for _, kv := range kvs {
 		if kv.Key != cacheotel.KeyName {
-			s = append(s, string(kv.Key)+"="+kv.Value.Emit())
+			s = append(s, string(kv.Key)+"="+kv.Value.String())
 		}
 	}
 	return strings.Join(s, ",")
