@@ -8,6 +8,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
@@ -40,6 +41,7 @@ type Cache[V any] struct {
 	brk     breaker
 	notify  *notifier // wakes waiters; nil: they poll
 
+	seed       maphash.Seed   // this process's XFetch draws
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
 }
@@ -51,7 +53,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	if rdb == nil {
 		panic("cache: New: nil Redis client")
 	}
-	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
+	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts), seed: maphash.MakeSeed()}
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.brk.threshold, c.brk.coolDown = int32(c.cfg.breaker.failures), c.cfg.breaker.coolDown
 	c.notify = newNotifier(rdb)
@@ -66,6 +68,7 @@ type result[V any] struct {
 	hasV      bool        // ...for the first caller to take
 	taken     atomic.Bool // whether v has been handed out
 	fresh     freshness   // what the record says of its age (zero: nothing)
+	head      []byte      // the record up to the payload: which write it is
 	throttled bool        // a stale value kept after a failed refresh
 	stale     bool        // served past its TTL
 	// at is when the Redis call that vouches for this result was sent: the
@@ -354,6 +357,7 @@ func (c *Cache[V]) decode(b []byte, at time.Time) *result[V] {
 	}
 	r.fresh, _ = readFreshness(b)
 	r.throttled = b[1]&flagThrottled != 0
+	r.head = b[:len(b)-len(payload)]
 	return r
 }
 
@@ -364,7 +368,8 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 	if r == nil {
 		return nil
 	}
-	switch c.cfg.ageOf(r.fresh, r.throttled, r.at) { // r.at is a moment ago: no clock read on a hit
+	draw := func() float64 { return drawFor(c.seed, r.head) }
+	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, draw) { // r.at is a moment ago: no clock read on a hit
 	case ageFresh:
 	case ageRefresh:
 		c.refresh(ctx, key, load, r)

@@ -241,10 +241,10 @@ func WithErrorHook(fn func(key string, err error)) Option {
 // runs once per key across processes; callers keep getting the current
 // value meanwhile, and a value whose refresh is late is still served for a
 // grace of three load durations past its TTL (longer with [WithStale]).
-// Default: 1 ([DefaultEarlyRefresh]), the paper's optimum: refreshes land
-// on average about one load duration before expiry, adding no loads to a hot
-// key (one per TTL, as without it) and none to cold keys, which see no hit
-// near their expiry. Larger beta refreshes earlier; 0 turns it off. beta must
+// Default: 1 ([DefaultEarlyRefresh]), the paper's optimum: with n processes
+// reading the key, the refresh starts about ln(n)+0.6 load durations before
+// expiry, adding almost no loads to a hot key (about one per TTL, as
+// without it) and none to cold keys, which see no hit near their expiry. Larger beta refreshes earlier; 0 turns it off. beta must
 // be in [0, 100].
 func WithEarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta } }
 

@@ -51,7 +51,7 @@ func (c *Cache[V]) refresh(ctx context.Context, key string, load func(context.Co
 func (c *Cache[V]) refreshLocked(ctx context.Context, key string, load func(context.Context) (V, error), old *result[V]) (*result[V], error) {
 	lk := newLoadLock(key)
 	locked := time.Now()
-	n, err := lockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds()).Int()
+	n, err := lockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), old.head).Int()
 	if class := c.redisCall(key, err); class != errNone {
 		if class == errOutage {
 			c.release(ctx, key, lk) // the lock is ours if only the reply was lost
@@ -62,7 +62,7 @@ func (c *Cache[V]) refreshLocked(ctx context.Context, key string, load func(cont
 		return nil, nil
 	}
 	var fallback []byte
-	if c.cfg.stale > 0 && old != nil && old.notFound == nil {
+	if c.cfg.stale > 0 {
 		fallback = old.data
 	}
 	return c.load(ctx, key, lk, locked, load, fallback)

@@ -5,8 +5,8 @@ package cache
 
 import (
 	"context"
+	"hash/maphash"
 	"math"
-	"math/rand/v2"
 	"time"
 )
 
@@ -24,8 +24,9 @@ const (
 // its expiry is the end of the throttle, before which nobody retries.
 const flagThrottled byte = 1 << 5
 
-// ageOf classifies a record read at now.
-func (c *config) ageOf(f freshness, throttled bool, now time.Time) age {
+// ageOf classifies a record read at now; draw is this process's XFetch
+// draw for the record, in (0, 1].
+func (c *config) ageOf(f freshness, throttled bool, now time.Time, draw func() float64) age {
 	if f.expiry.IsZero() {
 		return ageFresh // written without metadata: Redis's expiry is its TTL
 	}
@@ -33,7 +34,7 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time) age {
 		switch {
 		case throttled:
 			return ageStale
-		case c.beta > 0 && c.xfetch(f, now):
+		case c.beta > 0 && c.xfetch(f, now, draw):
 			return ageRefresh
 		}
 		return ageFresh
@@ -49,10 +50,25 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time) age {
 }
 
 // xfetch is the early-refresh test of Vattani et al.: refresh when
-// now - load*beta*ln(rand) reaches the expiry.
-func (c *config) xfetch(f freshness, now time.Time) bool {
-	gap := float64(f.load) * c.beta * -math.Log(1-rand.Float64()) // 1-rand is in (0, 1]
-	return gap >= float64(f.expiry.Sub(now))
+// now - load*beta*ln(u) reaches the expiry. Drawing u afresh on every hit
+// would refresh a key read thousands of times a second almost at once (the
+// largest of many draws grows with the read rate), so each process draws
+// once per stored value: the earliest of the processes' draws triggers the
+// refresh, about ln(processes)+0.6 load durations before expiry.
+func (c *config) xfetch(f freshness, now time.Time, draw func() float64) bool {
+	left := float64(f.expiry.Sub(now))
+	scale := float64(f.load) * c.beta
+	if left > 45*scale { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
+		return false
+	}
+	return scale*-math.Log(draw()) >= left
+}
+
+// drawFor returns this process's XFetch draw for the record whose header and
+// metadata are head: uniform in (0, 1], fixed for the record, independent
+// across processes (seed is random per Cache).
+func drawFor(seed maphash.Seed, head []byte) float64 {
+	return (float64(maphash.Bytes(seed, head)>>11) + 1) / (1 << 53)
 }
 
 // grace is how long past its TTL a value stays readable so that a refresh

@@ -1,0 +1,142 @@
+// stale_test.go proves stale serving: a value past its TTL is served at once
+// while one refresh runs, and goes on being served while the database fails,
+// which is retried once per throttle.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestStaleWhileRevalidate(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	var ev eventCounts
+	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+		WithStale(time.Minute), WithObserver(ev.observe))
+	release := make(chan struct{})
+	var calls atomic.Int64
+	load := func(context.Context) (product, error) {
+		if calls.Add(1) > 1 {
+			<-release // the refresh blocks until the stale reads are done
+		}
+		return product{ID: "p1", Price: int(calls.Load())}, nil
+	}
+	_, err := c.GetOrLoad(t.Context(), key, load)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // past the TTL
+
+	for range 10 {
+		var info ResultInfo
+		v, err := c.GetOrLoad(WithResultInfo(t.Context(), &info), key, load)
+		require.NoError(t, err)
+		assert.Equal(t, 1, v.Price, "the stale value is served at once")
+		assert.True(t, info.Stale, "the caller can tell it is stale")
+	}
+	close(release)
+	require.NoError(t, c.Close())
+	assert.Equal(t, int64(2), calls.Load(), "one refresh for all the stale reads")
+	assert.Equal(t, int64(10), ev[EventStaleServed].Load())
+
+	var info ResultInfo
+	v, err := c.GetOrLoad(WithResultInfo(t.Context(), &info), key, load)
+	require.NoError(t, err)
+	assert.Equal(t, 2, v.Price, "the refreshed value is served")
+	assert.False(t, info.Stale)
+}
+
+func TestStaleIfErrorThrottlesTheFailingDatabase(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	var ev eventCounts
+	var hooked atomic.Int64
+	const throttle = 200 * time.Millisecond
+	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+		WithStale(time.Minute), WithStaleThrottle(throttle), WithObserver(ev.observe),
+		WithErrorHook(func(string, error) { hooked.Add(1) }))
+	var calls atomic.Int64
+	dbDown := errors.New("database down")
+	load := func(context.Context) (product, error) {
+		if calls.Add(1) > 1 {
+			return product{}, dbDown
+		}
+		return product{ID: "p1", Price: 1}, nil
+	}
+	_, err := c.GetOrLoad(t.Context(), key, load)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond)
+
+	start := time.Now()
+	served := 0
+	for time.Since(start) < 5*throttle {
+		v, err := c.GetOrLoad(t.Context(), key, load)
+		require.NoError(t, err, "a failing database must not reach callers while a stale value exists")
+		require.Equal(t, 1, v.Price)
+		served++
+		time.Sleep(2 * time.Millisecond)
+	}
+	require.NoError(t, c.Close())
+	attempts := calls.Load() - 1
+	periods := int64(time.Since(start)/throttle) + 1
+	assert.GreaterOrEqual(t, attempts, int64(1))
+	assert.LessOrEqual(t, attempts, periods, "the database is retried at most once per throttle")
+	assert.Equal(t, attempts, hooked.Load(), "each failed refresh goes to the error hook")
+	assert.Equal(t, int64(served), ev[EventStaleServed].Load())
+}
+
+func TestSoftLoadTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		loadTime  time.Duration
+		wantPrice int
+		wantStale bool
+	}{
+		{"fast database: the fresh value", 0, 2, false},
+		{"slow database: the stale value", 500 * time.Millisecond, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb, p := setup(t)
+			key := p + "k"
+			c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+				WithStale(time.Minute), WithSoftLoadTimeout(200*time.Millisecond))
+			var calls atomic.Int64
+			load := func(context.Context) (product, error) {
+				if calls.Add(1) > 1 {
+					time.Sleep(tc.loadTime)
+				}
+				return product{ID: "p1", Price: int(calls.Load())}, nil
+			}
+			_, err := c.GetOrLoad(t.Context(), key, load)
+			require.NoError(t, err)
+			time.Sleep(100 * time.Millisecond)
+			var info ResultInfo
+			v, err := c.GetOrLoad(WithResultInfo(t.Context(), &info), key, load)
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantPrice, v.Price)
+			assert.Equal(t, tc.wantStale, info.Stale)
+			require.NoError(t, c.Close())
+		})
+	}
+}
+
+func TestWithoutStaleAnExpiredValueIsAMiss(t *testing.T) {
+	rdb, p := setup(t)
+	var ev eventCounts
+	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithObserver(ev.observe))
+	src := &counter{}
+	_, err := c.GetOrLoad(t.Context(), p+"k", src.load)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond)
+	v, err := c.GetOrLoad(t.Context(), p+"k", src.load)
+	require.NoError(t, err)
+	assert.Equal(t, 2, v.Price)
+	assert.Zero(t, ev[EventStaleServed].Load())
+	assert.Equal(t, int64(2), ev[EventMiss].Load())
+}
