@@ -1,0 +1,362 @@
+// notify_test.go proves that waiters are woken by the holder's commit or
+// release instead of their poll, that the subscription never costs a
+// notification (commit before the subscribe, or between two waits), and
+// that a dead or refused subscription falls back to the poll.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// readOrLockHook counts the read-or-lock script calls of a client and calls
+// after(n) once the reply to the n-th has come back, before the cache sees
+// it.
+type readOrLockHook struct {
+	n     atomic.Int64
+	after func(n int64)
+}
+
+func (h *readOrLockHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *readOrLockHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !isScript(cmd) || len(cmd.Args()) < 2 || cmd.Args()[1] != readOrLockScript.Hash() {
+			return next(ctx, cmd)
+		}
+		n := h.n.Add(1)
+		err := next(ctx, cmd)
+		if h.after != nil {
+			h.after(n)
+		}
+		return err
+	}
+}
+func (h *readOrLockHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// eventCount counts the events of one kind.
+func eventCount(kind EventKind, n *atomic.Int64) Option {
+	return WithObserver(func(e Event) {
+		if e.Kind == kind {
+			n.Add(1)
+		}
+	})
+}
+
+// loadScripts loads the scripts, so that every run is one EVALSHA.
+func loadScripts(t *testing.T, rdb *redis.Client) {
+	t.Helper()
+	for _, s := range []*redis.Script{readOrLockScript, commitScript, unlockScript} {
+		require.NoError(t, s.Load(t.Context(), rdb).Err())
+	}
+}
+
+// notifyBackoff is the waiters' poll interval in these tests: a waiter that
+// gets its value well within it was woken (or re-read after subscribing),
+// not polled.
+const notifyBackoff = 5 * time.Second
+
+// gatedHolder takes key's lock through its own client and Cache, and loads
+// once open is called: it returns a product, or fails.
+type gatedHolder struct {
+	gate chan struct{}
+	done chan error
+}
+
+func startHolder(t *testing.T, addr, key string, fail bool) *gatedHolder {
+	t.Helper()
+	h := &gatedHolder{gate: make(chan struct{}), done: make(chan error, 1)}
+	rdb := redistest.Client(t, addr)
+	c := New[product](rdb, WithRetry(0, 0))
+	t.Cleanup(func() { _ = c.Close() })
+	go func() {
+		_, err := c.GetOrLoad(context.Background(), key, func(ctx context.Context) (product, error) {
+			<-h.gate
+			if fail {
+				return product{}, errors.New("source down")
+			}
+			return product{ID: "holder"}, nil
+		})
+		h.done <- err
+	}()
+	require.Eventually(t, func() bool { return rdb.Exists(t.Context(), LockKey(key)).Val() == 1 },
+		10*time.Second, 5*time.Millisecond, "the holder takes the lock")
+	return h
+}
+
+// open lets the holder load and commit (or release); with wait, it returns
+// once the holder has.
+func (h *gatedHolder) open(t *testing.T, wait bool) {
+	close(h.gate)
+	if wait {
+		err := <-h.done
+		h.done <- err
+	}
+}
+
+func TestWaiterWokenByHolder(t *testing.T) {
+	tests := []struct {
+		name string
+		// The holder is let go after the waiter's read-or-lock number at
+		// (before the waiter sees its reply; with sync, after the holder
+		// committed or released).
+		at          int64
+		sync        bool
+		fail        bool
+		wantScripts int64 // the waiter's read-or-lock calls
+		wantWoken   int64
+	}{
+		// 1: held; wait 1 subscribes, confirms, returns; 2: held; wait 2
+		// is woken by the commit; 3: the value.
+		{name: "commit while waiting", at: 2, wantScripts: 3, wantWoken: 1},
+		// The same, with a release: 3 takes the lock, the waiter loads.
+		{name: "release after a loader error", at: 2, fail: true, wantScripts: 3, wantWoken: 1},
+		// The commit is published before the waiter subscribes: no
+		// message, but the re-read after the confirmation finds the value.
+		{name: "commit before the subscribe", at: 1, sync: true, wantScripts: 2, wantWoken: 0},
+		// The message arrives while the waiter re-reads, between two
+		// waits: the next wait returns at once.
+		{name: "commit between two waits", at: 2, sync: true, wantScripts: 3, wantWoken: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rdb, p := setup(t)
+			loadScripts(t, rdb)
+			key := p + "k"
+			addr := rdb.Options().Addr
+			h := startHolder(t, addr, key, tt.fail)
+
+			wdb := redistest.Client(t, addr)
+			hook := &readOrLockHook{after: func(n int64) {
+				if n == tt.at {
+					h.open(t, tt.sync)
+					if tt.sync && tt.at > 1 {
+						time.Sleep(50 * time.Millisecond) // the message reaches the subscription first
+					}
+				}
+			}}
+			wdb.AddHook(hook)
+			var woken atomic.Int64
+			c := New[product](wdb, WithRetry(50, notifyBackoff), eventCount(EventWoken, &woken))
+			t.Cleanup(func() { _ = c.Close() })
+			src := &counter{}
+
+			start := time.Now()
+			v, err := c.GetOrLoad(t.Context(), key, src.load)
+			took := time.Since(start)
+			require.NoError(t, err)
+			if herr := <-h.done; tt.fail {
+				assert.Error(t, herr, "holder")
+			} else {
+				assert.NoError(t, herr, "holder")
+			}
+			if tt.fail {
+				assert.Equal(t, "p1", v.ID, "the waiter loads after the release")
+				assert.EqualValues(t, 1, src.calls.Load(), "waiter's loads")
+			} else {
+				assert.Equal(t, "holder", v.ID, "the waiter gets the holder's value")
+				assert.Zero(t, src.calls.Load(), "waiter's loads")
+			}
+			assert.Equal(t, tt.wantScripts, hook.n.Load(), "read-or-lock calls of the waiter")
+			assert.Equal(t, tt.wantWoken, woken.Load(), "EventWoken")
+			assert.Less(t, took, notifyBackoff*4/5, "a poll would take the %v backoff", notifyBackoff)
+		})
+	}
+}
+
+// TestWaiterPollsWhenSubscriptionDies kills the waiter's subscription
+// connection while it waits: it gets the holder's value by polling, and a
+// later wait subscribes again and is woken.
+func TestWaiterPollsWhenSubscriptionDies(t *testing.T) {
+	srv := redistest.PrivateServer(t, "the test kills every pub/sub connection of the server")
+	admin := redistest.Client(t, srv.Addr)
+	loadScripts(t, admin)
+	const backoff = 300 * time.Millisecond
+
+	wdb := redistest.Client(t, srv.Addr)
+	hook := &readOrLockHook{}
+	wdb.AddHook(hook)
+	var woken atomic.Int64
+	c := New[product](wdb, WithRetry(100, backoff), eventCount(EventWoken, &woken))
+	t.Cleanup(func() { _ = c.Close() })
+
+	round := func(key string, kill bool) (scripts, wakes int64) {
+		hook.n.Store(0)
+		woken.Store(0)
+		h := startHolder(t, srv.Addr, key, false)
+		hook.after = func(n int64) {
+			if n != 2 {
+				return
+			}
+			if kill {
+				assert.NoError(t, admin.Do(context.Background(), "CLIENT", "KILL", "TYPE", "pubsub").Err())
+			}
+			h.open(t, false)
+		}
+		v, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+		hook.after = nil
+		require.NoError(t, err)
+		require.NoError(t, <-h.done)
+		assert.Equal(t, "holder", v.ID)
+		return hook.n.Load(), woken.Load()
+	}
+
+	scripts, wakes := round("dead", true)
+	assert.Zero(t, wakes, "EventWoken with the subscription killed")
+	assert.GreaterOrEqual(t, scripts, int64(3), "read-or-lock calls: the value comes from a poll")
+
+	time.Sleep(notifyRetry + 100*time.Millisecond) // a broken master is left alone this long
+	scripts, wakes = round("again", false)
+	assert.EqualValues(t, 1, wakes, "EventWoken on a new subscription")
+	assert.EqualValues(t, 3, scripts, "read-or-lock calls")
+}
+
+// TestWaiterWokenWithoutShardedPubSub runs against a server without
+// SSUBSCRIBE and SPUBLISH, as Redis < 7: the scripts PUBLISH, the notifier
+// learns from the error to SUBSCRIBE, and the waiter is woken.
+func TestWaiterWokenWithoutShardedPubSub(t *testing.T) {
+	srv := redistest.PrivateServer(t, "the test needs a server without sharded pub/sub (Redis 6)",
+		"--rename-command", "SSUBSCRIBE", "", "--rename-command", "SPUBLISH", "")
+	admin := redistest.Client(t, srv.Addr)
+	require.Error(t, admin.SPublish(t.Context(), "x", "y").Err(), "SPUBLISH must be unknown")
+	loadScripts(t, admin)
+	key := "k"
+	h := startHolder(t, srv.Addr, key, false)
+
+	wdb := redistest.Client(t, srv.Addr)
+	var subscribers int64
+	hook := &readOrLockHook{after: func(n int64) {
+		if n == 2 {
+			subscribers = admin.PubSubNumSub(t.Context(), notifyChannel(key)).Val()[notifyChannel(key)]
+			h.open(t, false)
+		}
+	}}
+	wdb.AddHook(hook)
+	var woken atomic.Int64
+	c := New[product](wdb, WithRetry(50, notifyBackoff), eventCount(EventWoken, &woken))
+	t.Cleanup(func() { _ = c.Close() })
+
+	start := time.Now()
+	v, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+	require.NoError(t, err)
+	require.NoError(t, <-h.done)
+	assert.Equal(t, "holder", v.ID)
+	assert.EqualValues(t, 1, subscribers, "SUBSCRIBE subscribers of the key's channel")
+	assert.EqualValues(t, 1, woken.Load(), "EventWoken")
+	assert.EqualValues(t, 3, hook.n.Load(), "read-or-lock calls")
+	assert.Less(t, time.Since(start), notifyBackoff*4/5)
+}
+
+// TestNotifierUnshardedSwitch forces SUBSCRIBE on the Redis 7 test server:
+// the notifier subscribes with it and wakes on a PUBLISH of the key (what
+// the scripts send on Redis < 7).
+func TestNotifierUnshardedSwitch(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "k"
+	ch := notifyChannel(key)
+	n := newNotifier(rdb)
+	n.plain = true
+	defer n.close()
+
+	start := time.Now()
+	assert.False(t, n.wait(t.Context(), key, notifyBackoff), "the first wait subscribes")
+	assert.Less(t, time.Since(start), notifyBackoff*4/5, "and returns once confirmed")
+	assert.EqualValues(t, 1, rdb.PubSubNumSub(t.Context(), ch).Val()[ch], "SUBSCRIBE subscribers")
+	assert.Zero(t, rdb.PubSubShardNumSub(t.Context(), ch).Val()[ch], "SSUBSCRIBE subscribers")
+
+	start = time.Now()
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		rdb.Publish(context.Background(), ch, key)
+	}()
+	assert.True(t, n.wait(t.Context(), key, notifyBackoff), "woken by PUBLISH")
+	assert.Less(t, time.Since(start), notifyBackoff*4/5)
+}
+
+// TestNotifierLifecycle: no subscription (and no goroutine) until a wait,
+// none for hits; the subscription of a master is shared by its channels;
+// an idle one is closed; Close ends them, twice, and later waits poll.
+func TestNotifierLifecycle(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	v, err := c.GetOrLoad(t.Context(), p+"a", (&counter{}).load)
+	require.NoError(t, err)
+	require.Equal(t, "p1", v.ID)
+	_, err = c.GetOrLoad(t.Context(), p+"a", (&counter{}).load) // a hit
+	require.NoError(t, err)
+	subs := func(n *notifier) (int, []*subscription) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		var all []*subscription
+		for _, s := range n.subs {
+			all = append(all, s)
+		}
+		return len(n.subs), all
+	}
+	count, _ := subs(c.notify)
+	assert.Zero(t, count, "subscriptions after a miss and a hit")
+
+	n := newNotifier(rdb)
+	var keys []string
+	for i := range 5 {
+		keys = append(keys, p+strings.Repeat("x", i+1))
+	}
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Go(func() { n.wait(t.Context(), k, time.Second) })
+	}
+	wg.Wait()
+	count, all := subs(n)
+	require.Equal(t, 1, count, "subscriptions of one master")
+	n.mu.Lock()
+	chans := len(all[0].chans)
+	n.mu.Unlock()
+	assert.Equal(t, len(keys), chans, "channels on it")
+
+	// Idle: shortened here on a notifier of our own (not shared with other tests).
+	idleClosed := make(chan struct{})
+	go func() { n.loops.Wait(); close(idleClosed) }()
+	n.mu.Lock()
+	s := all[0]
+	if s.idle != nil {
+		s.idle.Reset(10 * time.Millisecond)
+	}
+	n.mu.Unlock()
+	select {
+	case <-idleClosed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle subscription was not closed")
+	}
+	count, _ = subs(n)
+	assert.Zero(t, count, "subscriptions after the idle period")
+
+	// A new wait subscribes again; Close ends it; twice is fine; later waits poll.
+	assert.False(t, n.wait(t.Context(), keys[0], time.Second))
+	count, _ = subs(n)
+	assert.Equal(t, 1, count)
+	n.close()
+	n.close()
+	count, _ = subs(n)
+	assert.Zero(t, count, "subscriptions after close")
+	start := time.Now()
+	assert.False(t, n.wait(t.Context(), keys[0], 50*time.Millisecond))
+	assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "a wait after close polls")
+	count, _ = subs(n)
+	assert.Zero(t, count, "subscriptions after a wait after close")
+
+	ring := redis.NewRing(&redis.RingOptions{})
+	defer ring.Close()
+	assert.Nil(t, newNotifier(ring), "a Ring polls")
+}
