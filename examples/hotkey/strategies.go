@@ -113,8 +113,13 @@ func newInstance(ctx context.Context, spec instanceSpec, live *counters) (*insta
 			return p, err
 		}
 	case "stampede":
-		// No jitter: every strategy gets the same TTL, so their expiries line up.
-		c := cache.New[Product](in.rdb, append([]cache.Option{cache.WithTTL(spec.TTL), cache.WithoutJitter()}, cacheOptions...)...)
+		// No jitter: every strategy gets the same TTL, so their expiries line
+		// up. No early refresh: the demo compares what each strategy does when
+		// the hot key expires, and early refresh (on by default) reloads a hot
+		// key before it expires, so that it never does.
+		c := cache.New[Product](in.rdb, append([]cache.Option{
+			cache.WithTTL(spec.TTL), cache.WithoutJitter(), cache.WithEarlyRefresh(0),
+		}, cacheOptions...)...)
 		in.get = func(ctx context.Context) (Product, error) { return c.GetOrLoad(ctx, spec.Key, in.load) }
 	default:
 		in.close()
