@@ -222,6 +222,40 @@ func TestObserverBreaker(t *testing.T) {
 	}
 }
 
+// TestObserverStale: a value past its TTL is served stale while one
+// background refresh reloads it (WithStale).
+func TestObserverStale(t *testing.T) {
+	rdb, p := setup(t)
+	m := newMeter(t)
+	c := cache.New[string](rdb, cache.WithPrefix(p), cache.WithTTL(20*time.Millisecond), cache.WithoutJitter(),
+		cache.WithEarlyRefresh(0), cache.WithStale(time.Minute), cache.WithObserver(m.observer(t, "products")))
+	var loads atomic.Int32
+	load := func(context.Context) (string, error) { return fmt.Sprint("v", loads.Add(1)), nil }
+	if v, err := c.GetOrLoad(t.Context(), "k", load); err != nil || v != "v1" {
+		t.Fatalf("GetOrLoad = %q, %v; want v1", v, err)
+	}
+	time.Sleep(50 * time.Millisecond) // past the TTL, well within the stale period
+	if v, err := c.GetOrLoad(t.Context(), "k", load); err != nil || v != "v1" {
+		t.Fatalf("GetOrLoad past the TTL = %q, %v; want the stale v1", v, err)
+	}
+	if err := c.Close(); err != nil { // waits for the refresh
+		t.Fatal(err)
+	}
+	if loads.Load() != 2 {
+		t.Fatalf("%d loads; want 2 (the first, the refresh)", loads.Load())
+	}
+
+	points := m.collect(t)
+	if got := counter(points, "cache.stale.served", name("products"), cacheotel.KeyStaleReason.String("refreshing")); got != 1 {
+		t.Errorf("cache.stale.served{refreshing} = %d; want 1", got)
+	}
+	refresh, ok := find(points, "cache.refresh.duration", name("products"), outcome("ok"))
+	if !ok || refresh.count != 1 || refresh.sum <= 0 {
+		t.Errorf("cache.refresh.duration{ok} = count %d, sum %gs; want count 1, sum > 0", refresh.count, refresh.sum)
+	}
+	noKey(t, points, p+"k")
+}
+
 // TestObserverEachKind feeds one event of each kind to an observer and
 // checks the one data point it makes, for the kinds the other tests cannot
 // cause on demand too (stale values, refreshes, notifications, lost locks).
