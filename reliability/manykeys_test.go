@@ -117,7 +117,13 @@ func TestManyColdKeys(t *testing.T) {
 		}
 	}
 	// Every goroutine the library started has ended (the watchdogs, the
-	// flights); only the pools' own readers may remain, bounded by the pool.
+	// flights, and with Close the notifier's subscriptions); only the pools'
+	// own readers may remain, bounded by the pool.
+	for i, c := range caches {
+		if err := c.Close(); err != nil {
+			t.Errorf("proc %d: Close: %v", i, err)
+		}
+	}
 	var g int
 	settle := eventually(t, 10*time.Second, "goroutines back to baseline", func() bool {
 		runtime.GC()

@@ -22,6 +22,7 @@ func procs(t *testing.T, n int, addr string, tune func(*redis.Options), opts ...
 	cs := make([]*cache.Cache[string], n)
 	for i := range cs {
 		cs[i] = cache.New[string](newClient(t, addr, tune), opts...)
+		t.Cleanup(func() { _ = cs[i].Close() }) // before the client's Close: cleanups run last first
 	}
 	return cs
 }

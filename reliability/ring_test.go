@@ -92,7 +92,8 @@ func TestRingKeysWithBraceNoTag(t *testing.T) {
 
 	t.Run("watchdog", func(t *testing.T) {
 		k := keys[1]
-		const lockTTL, loadFor = 300 * time.Millisecond, 1500 * time.Millisecond
+		// Five leases long; the lease leaves a 400ms margin for a late refresh on a busy machine.
+		const lockTTL, loadFor = 600 * time.Millisecond, 3 * time.Second
 		cs := make([]*cache.Cache[string], 2)
 		for i := range cs {
 			cs[i] = cache.New[string](ringOf(t, shards), cache.WithLockTTL(lockTTL), cache.WithRetry(300, 20*time.Millisecond))
