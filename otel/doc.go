@@ -14,6 +14,8 @@
 // summing a metric over its attributes means something (the OpenTelemetry
 // semantic conventions' rule); loads, waits and refreshes are counted by
 // their duration histograms, as http.server.request.duration counts requests.
+// cache.load.duration has every call of the loader, background refreshes
+// included; cache.refresh.duration has the refreshes alone.
 //
 //	cache.lookups             counter    {lookup}      cache.lookup.result = hit | miss
 //	cache.lock.contentions    counter    {contention}  another holder was loading the key
