@@ -33,6 +33,7 @@ func Example() {
 	products := cache.New[string](rdb, cache.WithPrefix("example:slog:"),
 		cache.WithErrorHook(cacheslog.ErrorHook(logger)),
 		cache.WithObserver(cacheslog.Observer(logger)))
+	defer products.Close()
 	defer products.Delete(ctx, "42")
 
 	_, err := products.GetOrLoad(ctx, "42", func(ctx context.Context) (string, error) {

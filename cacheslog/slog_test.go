@@ -96,6 +96,7 @@ func TestLostLock(t *testing.T) {
 	c := cache.New[string](rdb, cache.WithPrefix(p),
 		cache.WithErrorHook(cacheslog.ErrorHook(slog.New(&hook))),
 		cache.WithObserver(cacheslog.Observer(slog.New(&obs))))
+	t.Cleanup(func() { _ = c.Close() })
 	loseLock(t, c, "k")
 
 	got := hook.get()
@@ -116,6 +117,7 @@ func TestRedisDown(t *testing.T) {
 	c := cache.New[string](dead, cache.WithCircuitBreaker(2, time.Hour),
 		cache.WithErrorHook(cacheslog.ErrorHook(slog.New(&hook))),
 		cache.WithObserver(cacheslog.Observer(slog.New(&obs))))
+	t.Cleanup(func() { _ = c.Close() })
 	for range 3 { // two outages open the breaker; the third call skips Redis
 		if _, err := c.GetOrLoad(t.Context(), "k", func(context.Context) (string, error) { return "v", nil }); err != nil {
 			t.Fatalf("GetOrLoad under FailOpen: %v", err)

@@ -33,6 +33,7 @@ func ExampleObserver() {
 		return
 	}
 	products := cache.New[string](rdb, cache.WithPrefix("example:otel:"), cache.WithObserver(obs))
+	defer products.Close()
 	_ = products.Delete(ctx, "42")
 	defer products.Delete(ctx, "42")
 	for range 3 {

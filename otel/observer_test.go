@@ -52,6 +52,7 @@ func TestObserverGetOrLoad(t *testing.T) {
 			rdb, p := setup(t)
 			m := newMeter(t)
 			c := cache.New[string](rdb, cache.WithPrefix(p), cache.WithObserver(m.observer(t, "products")))
+			t.Cleanup(func() { _ = c.Close() })
 			var loaderCalls int
 			load := func(context.Context) (string, error) {
 				loaderCalls++
@@ -106,6 +107,7 @@ func TestObserverContention(t *testing.T) {
 			once.Do(func() { close(contended) })
 		}
 	}))
+	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 
 	loading := make(chan struct{})
 	done := make(chan error, 1)
@@ -186,6 +188,7 @@ func TestObserverBreaker(t *testing.T) {
 				closed.Store(true)
 			}
 		}))
+	t.Cleanup(func() { _ = c.Close() })
 	load := func(context.Context) (string, error) { return "v", nil }
 	for range 3 { // two outages open the breaker; the third call does not try Redis
 		if _, err := c.GetOrLoad(t.Context(), "k", load); err != nil {
