@@ -40,6 +40,7 @@ func Example() {
 	defer rdb.Close()
 
 	products := cache.New[Product](rdb, cache.WithPrefix("example:product:"), cache.WithTTL(10*time.Minute))
+	defer products.Close() // ends its background work (subscriptions, refreshes)
 	defer products.Delete(ctx, "42")
 
 	queries := 0
@@ -79,6 +80,7 @@ func ExampleNew() {
 		cache.WithNotFoundTTL(30*time.Second),
 		cache.WithoutJitter(),
 	)
+	defer products.Close()
 	defer products.Delete(ctx, "42", "7")
 
 	for _, id := range []string{"42", "7"} {
@@ -101,6 +103,7 @@ func ExampleCache_GetOrLoad() {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix("example:product:"))
+	defer products.Close()
 	defer products.Delete(ctx, "7")
 
 	// The loader's ErrNotFound is cached too, so a missing ID does not reach
@@ -124,6 +127,7 @@ func ExampleCache_Delete() {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix("example:delete:product:"))
+	defer products.Close()
 	defer products.Delete(ctx, "42")
 
 	price := 19900 // stands in for the database
@@ -166,6 +170,7 @@ func ExampleWithErrorHook() {
 			logger.Warn("product cache", "key", key, "err", err)
 		}),
 	)
+	defer products.Close()
 
 	p, err := products.GetOrLoad(ctx, "42", func(ctx context.Context) (Product, error) {
 		return findProduct(ctx, "42")
@@ -187,6 +192,7 @@ func ExampleWithFailurePolicy() {
 	// costs minutes of database time, a rate-limited API), FailClosed returns
 	// the Redis error instead of loading without the lock.
 	reports := cache.New[string](rdb, cache.WithFailurePolicy(cache.FailClosed))
+	defer reports.Close()
 	var loads atomic.Int64
 	_, err := reports.GetOrLoad(ctx, "report:2026-10", func(context.Context) (string, error) {
 		loads.Add(1)
@@ -209,6 +215,7 @@ func ExampleNew_cluster() {
 	defer rdb.Close()
 
 	products := cache.New[Product](rdb, cache.WithPrefix("product:"), cache.WithTTL(10*time.Minute))
+	defer products.Close()
 	p, err := products.GetOrLoad(context.Background(), "42", func(ctx context.Context) (Product, error) {
 		return findProduct(ctx, "42")
 	})

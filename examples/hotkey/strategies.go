@@ -71,12 +71,15 @@ func (c *counters) expiries(ttl time.Duration) int {
 // instance is one service instance: its own Redis client, MongoDB client and
 // cache, as separate deployments would have.
 type instance struct {
-	spec  instanceSpec
-	rdb   *redis.Client
-	mdb   *mongo.Client
-	coll  *mongo.Collection
-	get   func(context.Context) (Product, error)
-	live  *counters
+	spec instanceSpec
+	rdb  *redis.Client
+	mdb  *mongo.Client
+	coll *mongo.Collection
+	get  func(context.Context) (Product, error)
+	live *counters
+
+	closeCache func() error // the stampede strategy's Cache.Close; nil for the others
+
 	sent  atomic.Int64 // Redis commands this instance sent (hook)
 	mu    sync.Mutex   // protects loads
 	loads []span
@@ -121,6 +124,7 @@ func newInstance(ctx context.Context, spec instanceSpec, live *counters) (*insta
 			cache.WithTTL(spec.TTL), cache.WithoutJitter(), cache.WithEarlyRefresh(0),
 		}, cacheOptions...)...)
 		in.get = func(ctx context.Context) (Product, error) { return c.GetOrLoad(ctx, spec.Key, in.load) }
+		in.closeCache = c.Close
 	default:
 		in.close()
 		return nil, fmt.Errorf("unknown strategy %q", spec.Strategy)
@@ -131,6 +135,9 @@ func newInstance(ctx context.Context, spec instanceSpec, live *counters) (*insta
 func (in *instance) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if in.closeCache != nil {
+		_ = in.closeCache() // its subscriptions, before the client they use
+	}
 	_ = in.mdb.Disconnect(ctx)
 	_ = in.rdb.Close()
 }

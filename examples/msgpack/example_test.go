@@ -39,6 +39,7 @@ func Example() {
 		cache.WithPrefix("example:msgpack:product:"),
 		cache.WithCodec(msgpack.Codec{}),
 	)
+	defer products.Close() // ends its background work (subscriptions, refreshes)
 	defer products.Delete(ctx, "42")
 
 	load := func(context.Context) (Product, error) {
