@@ -82,3 +82,36 @@ func TestBudgetErrorNamesKeyAndBudget(t *testing.T) {
 	}
 	t.Logf("figures: WithRetry(3, 20ms) against a 1s load: %v", err)
 }
+
+// TestLoadTimeoutEndsAWaitWithKeyAndTimeout: with the default budget the
+// wait ends at about the load timeout; the error says why, with the key.
+func TestLoadTimeoutEndsAWaitWithKeyAndTimeout(t *testing.T) {
+	addr := redistest.Addr(t)
+	key := redistest.Prefix(t, newClient(t, addr, nil)) + "timeout"
+	holder := procs(t, 1, addr, nil)[0]
+	waiter := procs(t, 1, addr, nil, cache.WithLoadTimeout(500*time.Millisecond))[0]
+	src := newSource(2 * time.Second)
+	src.entered = make(chan string, 1)
+	held := make(chan error, 1)
+	go func() {
+		_, err := holder.GetOrLoad(context.Background(), key, src.loader(key, "v"))
+		held <- err
+	}()
+	<-src.entered
+	_, err := waiter.GetOrLoad(context.Background(), key, src.loader(key, "waiter's"))
+	if !errors.Is(err, cache.ErrLockNotAcquired) {
+		t.Fatalf("waiter: GetOrLoad = %v; want ErrLockNotAcquired", err)
+	}
+	// The default budget is as many retries as fit in the load timeout:
+	// whichever ends first, the error names the key and what ended the wait.
+	if msg := err.Error(); !strings.Contains(msg, key) || !strings.Contains(msg, "500ms") && !strings.Contains(msg, "5 retries 100ms apart") {
+		t.Errorf("error %q does not name the key %q and the load timeout (500ms) or the budget it gives (5 retries 100ms apart)", msg, key)
+	}
+	if err := <-held; err != nil {
+		t.Errorf("holder: %v", err)
+	}
+	if n := src.loads(key); n != 1 {
+		t.Errorf("loads = %d; want 1", n)
+	}
+	t.Logf("figures: default budget, WithLoadTimeout(500ms) against a 2s load: %v", err)
+}
