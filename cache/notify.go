@@ -127,6 +127,9 @@ func (n *notifier) channel(key string) string {
 // and returns false as soon as the server confirms, so that the caller
 // re-reads: a commit published before the subscription is not missed.
 func (n *notifier) wait(ctx context.Context, key string, d time.Duration) bool {
+	if d <= 0 {
+		return false
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	if n != nil {
