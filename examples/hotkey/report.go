@@ -403,6 +403,12 @@ func (r *report) writeTable(w io.Writer) {
 		fmt.Fprintln(w, "          INFO, HELLO and PING left out. Sent by the clients (hook):", r.sentSummary())
 	}
 	fmt.Fprintln(w, "p50, p99, max: latency of one request (one read of the hot product) as its goroutine saw it.")
+	for _, x := range r.Results {
+		if x.CutShort {
+			fmt.Fprintf(w, "note: %s ran %.0fs, the -max-duration, and saw %d of the %d expiries asked for (-min-expiries)\n",
+				x.Strategy, x.DurationS, x.Expiries, r.cfg.MinExpiries)
+		}
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, r.Verdict)
 }
