@@ -262,3 +262,42 @@ func TestClientOnAReplicaNamesREADONLY(t *testing.T) {
 		})
 	}
 }
+
+// TestPlainClientOnAClusterNode gives the cache a *redis.Client of one node
+// of a Redis Cluster, as a config that lists one address does: every key
+// another node serves gets MOVED, which go-redis follows only in a
+// ClusterClient. For this client MOVED never goes away, so the cache must
+// return it at once, not poll it for the whole load timeout.
+func TestPlainClientOnAClusterNode(t *testing.T) {
+	skipUntilFixed(t, "6 (MOVED to a plain client, found by this suite)")
+	ctx := context.Background()
+	cl := startCluster(t, 3)
+	rdb := newClient(t, cl.nodes[0].Addr, nil)
+	var hook commandCounter
+	rdb.AddHook(&hook)
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := "moved:" + strconv.Itoa(i); slot(k) >= 16384/3 { // served by another node than 0
+			key = k
+		}
+	}
+	for _, pol := range policies {
+		t.Run(pol.name, func(t *testing.T) {
+			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p), cache.WithLoadTimeout(2*time.Second))
+			t.Cleanup(func() { _ = c.Close() })
+			src := newSource(0)
+			hook.cmds.Store(0)
+			start := time.Now()
+			v, err := c.GetOrLoad(ctx, key, src.loader(key, "v"))
+			took := time.Since(start)
+			if err == nil || !strings.Contains(err.Error(), "MOVED") {
+				t.Errorf("GetOrLoad on the wrong node = %q, %v; want an error naming MOVED", v, err)
+			}
+			if n := hook.cmds.Load(); n > 5 {
+				t.Errorf("%d commands sent before the error; want a handful, not a poll until the load timeout", n)
+			}
+			t.Logf("figures: plain client on a cluster node, %s, load timeout 2s: err=%v, loads=%d, %d commands, after %v",
+				pol.name, err, src.total.Load(), hook.cmds.Load(), took.Round(time.Millisecond))
+		})
+	}
+}
