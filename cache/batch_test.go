@@ -1,0 +1,614 @@
+// batch_test.go proves GetOrLoadMany against a real Redis: round trips per
+// batch, one load per key across instances and single-key callers, the
+// fenced commit, errors, panics and cancellation; and measures it against
+// GetOrLoad calls in parallel.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// roundHook records the round trips a client makes: one entry per pipeline
+// (its command names) or single command.
+type roundHook struct {
+	mu     sync.Mutex // protects rounds
+	rounds [][]string
+}
+
+func recordRounds(rdb *redis.Client) *roundHook {
+	h := &roundHook{}
+	rdb.AddHook(h)
+	return h
+}
+
+func (h *roundHook) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rounds = nil
+}
+
+// count returns the number of rounds and of commands named name in them.
+func (h *roundHook) count(name string) (rounds, cmds int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.rounds {
+		n := 0
+		for _, c := range r {
+			if c == name {
+				n++
+			}
+		}
+		if n > 0 {
+			rounds++
+			cmds += n
+		}
+	}
+	return rounds, cmds
+}
+
+// total is the number of rounds, not counting the handshakes of new
+// connections (HELLO, CLIENT SETINFO).
+func (h *roundHook) total() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.rounds {
+		if r[0] != "hello" && r[0] != "client" {
+			n++
+		}
+	}
+	return n
+}
+
+func (h *roundHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *roundHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.rounds = append(h.rounds, []string{cmd.Name()})
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (h *roundHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, c := range cmds {
+			names[i] = c.Name()
+		}
+		h.mu.Lock()
+		h.rounds = append(h.rounds, names)
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// source is a loadMany that records the keys of each call and returns a
+// product per key, except those in absent; it can hold each call until
+// released.
+type source struct {
+	mu      sync.Mutex // protects calls, perKey
+	calls   [][]string
+	perKey  map[string]int
+	absent  map[string]bool
+	delay   time.Duration
+	entered chan struct{} // closed when the first call starts, if not nil
+	release chan struct{} // each call waits for it, if not nil
+	once    sync.Once
+}
+
+func (s *source) loadMany(ctx context.Context, keys []string) (map[string]product, error) {
+	s.mu.Lock()
+	s.calls = append(s.calls, slices.Clone(keys))
+	if s.perKey == nil {
+		s.perKey = map[string]int{}
+	}
+	for _, k := range keys {
+		s.perKey[k]++
+	}
+	s.mu.Unlock()
+	if s.entered != nil {
+		s.once.Do(func() { close(s.entered) })
+	}
+	if s.release != nil {
+		<-s.release
+	}
+	if s.delay > 0 {
+		time.Sleep(s.delay)
+	}
+	m := make(map[string]product, len(keys))
+	for _, k := range keys {
+		if !s.absent[k] {
+			m[k] = product{ID: k, Price: len(k)}
+		}
+	}
+	return m, nil
+}
+
+func (s *source) callKeys() [][]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
+}
+
+func (s *source) loads(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.perKey[key]
+}
+
+// names returns n keys under p.
+func names(p string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = p + "k" + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// loadBatchScripts puts the batch's scripts in the server's cache, so that
+// round trips are counted without the NOSCRIPT round of a fresh server.
+func loadBatchScripts(tb testing.TB, rdb *redis.Client) {
+	tb.Helper()
+	for _, s := range []*redis.Script{readOrLockScript, commitScript, unlockScript} {
+		require.NoError(tb, s.Load(context.Background(), rdb).Err())
+	}
+}
+
+func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
+	rdb, p := setup(t)
+	loadBatchScripts(t, rdb)
+	var ev eventCounts
+	c := New[product](rdb, WithObserver(ev.observe))
+	keys := names(p, 100)
+	var cold []string
+	for i, k := range keys {
+		if i%10 == 3 {
+			cold = append(cold, k)
+			continue
+		}
+		require.NoError(t, c.Set(t.Context(), k, product{ID: k, Price: -1}))
+	}
+	rounds := recordRounds(rdb)
+	src := &source{}
+
+	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+
+	require.Len(t, src.callKeys(), 1, "loadMany must be called once")
+	assert.ElementsMatch(t, cold, src.callKeys()[0], "loadMany must get exactly the cold keys")
+	require.Len(t, got, 100)
+	for i, k := range keys {
+		want := product{ID: k, Price: -1}
+		if i%10 == 3 {
+			want.Price = len(k)
+		}
+		assert.Equal(t, want, got[k], "GetOrLoadMany()[%q]", k)
+	}
+	getRounds, gets := rounds.count("get")
+	lockRounds, scripts := rounds.count("evalsha")
+	assert.Equal(t, 1, getRounds, "GET rounds")
+	assert.Equal(t, 100, gets, "GETs")
+	assert.Equal(t, 2, lockRounds, "script rounds: one read-or-lock, one commit")
+	assert.Equal(t, 20, scripts, "scripts: a read-or-lock and a commit per cold key")
+	assert.Equal(t, 3, rounds.total(), "round trips for the batch: %q", rounds.rounds)
+	assert.Equal(t, int64(90), ev[EventHit].Load(), "hits")
+	assert.Equal(t, int64(10), ev[EventMiss].Load(), "misses")
+	assert.Equal(t, int64(1), ev[EventLoad].Load(), "loads")
+	for _, k := range cold {
+		assert.Zero(t, rdb.Exists(t.Context(), LockKey(k)).Val(), "lock of %q left behind", k)
+		assert.Equal(t, byte(recordV1), rdb.Get(t.Context(), k).Val()[0], "%q not stored", k)
+	}
+
+	// Warm: one round, no load.
+	rounds.reset()
+	got, err = c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	assert.Len(t, got, 100)
+	assert.Len(t, src.callKeys(), 1, "a warm batch must not load")
+	assert.Equal(t, 1, rounds.total(), "round trips for a warm batch")
+}
+
+func TestGetOrLoadManyInstancesOnOverlappingKeysLoadEachKeyOnce(t *testing.T) {
+	_, p := setup(t)
+	keys := names(p, 40)
+	const instances, callers = 4, 3
+	src := &source{delay: 50 * time.Millisecond}
+	var ev eventCounts
+	caches := make([]*Cache[product], instances)
+	for i := range caches {
+		caches[i] = New[product](redistest.Client(t, redistest.Addr(t)), WithObserver(ev.observe))
+		t.Cleanup(func() { caches[i].Close() })
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range instances * callers {
+		c := caches[i%instances]
+		lo := (i % instances) * 7 // overlapping windows of 19 keys
+		mine := keys[lo : lo+19]
+		wg.Go(func() {
+			<-start
+			got, err := c.GetOrLoadMany(t.Context(), mine, src.loadMany)
+			assert.NoError(t, err)
+			for _, k := range mine {
+				assert.Equal(t, product{ID: k, Price: len(k)}, got[k], "caller %d: %q", i, k)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	loaded := 0
+	for _, k := range keys[:3*7+19] {
+		if src.loads(k) > 0 {
+			loaded++
+		}
+		assert.Equal(t, 1, src.loads(k), "loads of %q", k)
+	}
+	assert.Equal(t, 40, loaded)
+	assert.Equal(t, int64(len(src.callKeys())), ev[EventLoad].Load(), "one EventLoad per loadMany call")
+	t.Logf("figures: %d instances x %d callers on 40 keys: %d loadMany calls, %d loads", instances, callers, len(src.callKeys()), loaded)
+}
+
+func TestGetOrLoadManySharesItsLoadWithGetOrLoad(t *testing.T) {
+	rdb, p := setup(t)
+	loadBatchScripts(t, rdb)
+	c := New[product](rdb)
+	keys := names(p, 5)
+	src := &source{entered: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+		done <- err
+	}()
+	<-src.entered
+	rounds := recordRounds(rdb)
+
+	single := &counter{}
+	var wg sync.WaitGroup
+	vals := make([]product, 20)
+	errs := make([]error, 20)
+	for i := range vals {
+		wg.Go(func() { vals[i], errs[i] = c.GetOrLoad(t.Context(), keys[2], single.load) })
+	}
+	time.Sleep(50 * time.Millisecond) // let them join (a loose bound: late ones find the value)
+	close(src.release)
+	wg.Wait()
+	require.NoError(t, <-done)
+
+	for i := range vals {
+		require.NoError(t, errs[i])
+		assert.Equal(t, product{ID: keys[2], Price: len(keys[2])}, vals[i])
+	}
+	assert.Zero(t, single.calls.Load(), "GetOrLoad of a key the batch loads must not load it")
+	_, gets := rounds.count("get")
+	_, scripts := rounds.count("evalsha")
+	assert.Equal(t, 0, gets, "GetOrLoad callers joined the batch's flight: no GET of theirs")
+	assert.Equal(t, 5, scripts, "only the batch's commits")
+}
+
+func TestGetOrLoadManyWaitsForAGetOrLoadThatHoldsTheLock(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	other := New[product](redistest.Client(t, redistest.Addr(t))) // another process
+	keys := names(p, 4)
+	entered, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = other.GetOrLoad(t.Context(), keys[1], func(context.Context) (product, error) {
+			close(entered)
+			<-release
+			return product{ID: "other"}, nil
+		})
+	}()
+	<-entered
+	src := &source{}
+	time.AfterFunc(100*time.Millisecond, func() { close(release) })
+	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	assert.Equal(t, "other", got[keys[1]].ID, "the holder's value")
+	assert.Zero(t, src.loads(keys[1]), "a key another process loads is waited for")
+	require.Len(t, src.callKeys(), 1)
+	assert.ElementsMatch(t, []string{keys[0], keys[2], keys[3]}, src.callKeys()[0])
+}
+
+func TestGetOrLoadManyLoaderErrorReleasesLocks(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	keys := names(p, 3)
+	require.NoError(t, c.Set(t.Context(), keys[0], product{ID: "warm"}))
+	boom := errors.New("database down")
+	var calls atomic.Int64
+	failing := func(context.Context, []string) (map[string]product, error) {
+		calls.Add(1)
+		return nil, boom
+	}
+	got, err := c.GetOrLoadMany(t.Context(), keys, failing)
+	require.ErrorIs(t, err, boom)
+	assert.Contains(t, err.Error(), strconv.Quote(keys[1]))
+	assert.Contains(t, err.Error(), strconv.Quote(keys[2]))
+	assert.Equal(t, map[string]product{keys[0]: {ID: "warm"}}, got, "what succeeded is returned")
+	for _, k := range keys[1:] {
+		assert.Zero(t, rdb.Exists(t.Context(), k, LockKey(k)).Val(), "%q: value or lock left after a loader error", k)
+	}
+	_, err = c.GetOrLoadMany(t.Context(), keys, failing)
+	require.ErrorIs(t, err, boom)
+	assert.Equal(t, int64(2), calls.Load(), "a loader error must not be cached")
+}
+
+func TestGetOrLoadManyLeftOutKeyIsNotFound(t *testing.T) {
+	rdb, p := setup(t)
+	keys := names(p, 3)
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		cached  bool
+		reloads int
+	}{
+		{"cached for the not-found TTL", nil, true, 1},
+		{"not-found TTL 0: not cached", []Option{WithNotFoundTTL(0)}, false, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Cleanup(func() { rdb.Del(context.Background(), keys...) })
+			c := New[product](rdb, tc.opts...)
+			src := &source{absent: map[string]bool{keys[1]: true}}
+			for range 2 {
+				got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+				require.NoError(t, err, "a not-found is no error")
+				assert.Len(t, got, 2)
+				assert.NotContains(t, got, keys[1])
+			}
+			assert.Equal(t, 1, src.loads(keys[0]))
+			assert.Equal(t, tc.reloads, src.loads(keys[1]))
+			assert.Zero(t, rdb.Exists(t.Context(), LockKey(keys[1])).Val(), "lock left behind")
+			raw, err := rdb.Get(t.Context(), keys[1]).Bytes()
+			if !tc.cached {
+				assert.ErrorIs(t, err, redis.Nil)
+				return
+			}
+			require.NoError(t, err)
+			flags, _, err := decodeRecord(raw)
+			require.NoError(t, err)
+			assert.NotZero(t, flags&flagNotFound, "stored as a not-found record")
+			_, err = c.GetOrLoad(t.Context(), keys[1], (&counter{}).load)
+			assert.ErrorIs(t, err, ErrNotFound, "GetOrLoad sees the batch's not-found")
+		})
+	}
+}
+
+func TestGetOrLoadManyLoaderPanic(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	keys := names(p, 3)
+	src := &source{entered: make(chan struct{}), release: make(chan struct{})}
+	panicking := func(ctx context.Context, keys []string) (map[string]product, error) {
+		_, _ = src.loadMany(ctx, keys)
+		panic("loader bug")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.GetOrLoadMany(t.Context(), keys, panicking)
+		done <- err
+	}()
+	<-src.entered
+	joined := make(chan error, 1)
+	go func() { _, err := c.GetOrLoad(t.Context(), keys[0], (&counter{}).load); joined <- err }()
+	time.Sleep(20 * time.Millisecond)
+	close(src.release)
+
+	err := <-done
+	var pe *PanicError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "loader bug", pe.Value)
+	// A GetOrLoad that joined the batch's flight gets the panic too; one
+	// that came late loads itself.
+	if err := <-joined; err != nil {
+		require.ErrorAs(t, err, &pe)
+	}
+	for _, k := range keys[1:] {
+		assert.Zero(t, rdb.Exists(t.Context(), k, LockKey(k)).Val(), "%q: value or lock left after a panic", k)
+	}
+}
+
+func TestGetOrLoadManyCancelledCallerReturnsPromptly(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	keys := names(p, 3)
+	var loaderCtxErr atomic.Value
+	slow := func(ctx context.Context, keys []string) (map[string]product, error) {
+		time.Sleep(400 * time.Millisecond)
+		loaderCtxErr.Store(fmt.Sprint(ctx.Err()))
+		return (&source{}).loadMany(ctx, keys)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	got, err := c.GetOrLoadMany(ctx, keys, slow)
+	elapsed := time.Since(start)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Nil(t, got)
+	assert.Less(t, elapsed, 300*time.Millisecond, "a cancelled caller must not wait for the load")
+	waitFor(t, func() bool { return rdb.Exists(t.Context(), keys...).Val() == 3 })
+	assert.Equal(t, "<nil>", loaderCtxErr.Load(), "the loader's context must not be cancelled by the caller")
+}
+
+func TestGetOrLoadManyDeleteDuringLoadWins(t *testing.T) {
+	rdb, p := setup(t)
+	var ev eventCounts
+	c := New[product](rdb, WithObserver(ev.observe))
+	keys := names(p, 3)
+	src := &source{entered: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan map[string]product, 1)
+	go func() {
+		got, err := c.GetOrLoadMany(context.Background(), keys, src.loadMany)
+		assert.NoError(t, err)
+		done <- got
+	}()
+	<-src.entered
+	require.NoError(t, c.Delete(t.Context(), keys[1]))
+	close(src.release)
+	got := <-done
+	assert.Len(t, got, 3, "the caller still gets what it loaded")
+	assert.Zero(t, rdb.Exists(t.Context(), keys[1], LockKey(keys[1])).Val(), "a load that began before Delete must not write")
+	assert.Equal(t, int64(2), rdb.Exists(t.Context(), keys[0], keys[2]).Val(), "the other keys are stored")
+	assert.Equal(t, int64(1), ev[EventLockLost].Load(), "lock lost")
+}
+
+func TestGetOrLoadManyLoaderOptionsApplyToTheBatch(t *testing.T) {
+	rdb, p := setup(t)
+	keys := names(p, 2)
+	c := New[product](rdb, WithTTL(time.Minute), WithoutJitter(), WithEarlyRefresh(0))
+	_, err := c.GetOrLoadMany(t.Context(), keys, func(ctx context.Context, ks []string) (map[string]product, error) {
+		SetTTL(ctx, time.Hour)
+		return (&source{}).loadMany(ctx, ks)
+	})
+	require.NoError(t, err)
+	for _, k := range keys {
+		assert.Greater(t, rdb.PTTL(t.Context(), k).Val(), 59*time.Minute, "SetTTL applies to %q", k)
+	}
+	more := names(p+"nc:", 2)
+	got, err := c.GetOrLoadMany(t.Context(), more, func(ctx context.Context, ks []string) (map[string]product, error) {
+		DoNotCache(ctx)
+		return (&source{}).loadMany(ctx, ks)
+	})
+	require.NoError(t, err)
+	assert.Len(t, got, 2)
+	for _, k := range more {
+		assert.Zero(t, rdb.Exists(t.Context(), k, LockKey(k)).Val(), "DoNotCache: %q stored or its lock left", k)
+	}
+}
+
+func TestGetOrLoadManyInput(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithPrefix(p))
+	src := &source{}
+	_, err := c.GetOrLoadMany(t.Context(), []string{"a", ""}, src.loadMany)
+	assert.ErrorIs(t, err, ErrEmptyKey)
+	_, err = c.GetOrLoadMany(t.Context(), []string{"a"}, nil)
+	assert.ErrorIs(t, err, ErrNilLoader)
+	_, err = New[product](rdb).GetOrLoadMany(t.Context(), []string{p + "a", LockKey(p + "a")}, src.loadMany)
+	assert.ErrorIs(t, err, ErrReservedKey)
+	rounds := recordRounds(rdb)
+	got, err := c.GetOrLoadMany(t.Context(), nil, src.loadMany)
+	require.NoError(t, err)
+	assert.NotNil(t, got)
+	assert.Zero(t, rounds.total(), "no keys: no Redis call")
+	assert.Empty(t, src.callKeys())
+
+	// Duplicates are loaded once; keys are the caller's, without the prefix.
+	got, err = c.GetOrLoadMany(t.Context(), []string{"a", "b", "a"}, src.loadMany)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]product{"a": {ID: "a", Price: 1}, "b": {ID: "b", Price: 1}}, got)
+	require.Len(t, src.callKeys(), 1)
+	assert.ElementsMatch(t, []string{"a", "b"}, src.callKeys()[0])
+	assert.Equal(t, int64(1), rdb.Exists(t.Context(), p+"a").Val(), "stored under the prefix")
+}
+
+func TestGetOrLoadManyRedisDown(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	t.Run("fail open loads every key once, uncached", func(t *testing.T) {
+		c := New[product](dead)
+		src := &source{absent: map[string]bool{"b": true}}
+		got, err := c.GetOrLoadMany(t.Context(), []string{"a", "b", "c"}, src.loadMany)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]product{"a": {ID: "a", Price: 1}, "c": {ID: "c", Price: 1}}, got)
+		require.Len(t, src.callKeys(), 1)
+		assert.ElementsMatch(t, []string{"a", "b", "c"}, src.callKeys()[0])
+	})
+	t.Run("fail closed returns the Redis error for each key", func(t *testing.T) {
+		c := New[product](dead, WithFailurePolicy(FailClosed))
+		src := &source{}
+		got, err := c.GetOrLoadMany(t.Context(), []string{"a", "b"}, src.loadMany)
+		require.Error(t, err)
+		assert.Empty(t, got)
+		assert.Contains(t, err.Error(), `"a"`)
+		assert.Contains(t, err.Error(), `"b"`)
+		assert.Contains(t, err.Error(), "cache: redis")
+		assert.Empty(t, src.callKeys())
+	})
+	t.Run("open breaker under fail closed", func(t *testing.T) {
+		c := New[product](dead, WithFailurePolicy(FailClosed), WithCircuitBreaker(1, time.Hour))
+		_, _ = c.GetOrLoadMany(t.Context(), []string{"a"}, (&source{}).loadMany)
+		_, err := c.GetOrLoadMany(t.Context(), []string{"a", "b"}, (&source{}).loadMany)
+		assert.ErrorIs(t, err, ErrCircuitOpen)
+	})
+}
+
+// BenchmarkGetOrLoadMany reads 100 keys of which 10 are cold, with one
+// GetOrLoadMany and with 100 GetOrLoad calls in parallel, and reports the
+// Redis round trips and loader calls per batch.
+func BenchmarkGetOrLoadMany(b *testing.B) {
+	rdb := redistest.Client(b, redistest.Addr(b))
+	loadBatchScripts(b, rdb)
+	rounds := recordRounds(rdb)
+	const n, cold = 100, 10
+	c := New[product](rdb, WithoutJitter())
+	p := "bench:batch:" + newToken() + ":"
+	keys := names(p, n)
+	b.Cleanup(func() { redistest.DeletePrefix(rdb, p) })
+	warm := func(b *testing.B) {
+		b.StopTimer()
+		defer b.StartTimer()
+		require.NoError(b, c.Delete(context.Background(), keys[:cold]...))
+		for _, k := range keys[cold:] {
+			require.NoError(b, c.Set(context.Background(), k, product{ID: k}))
+		}
+		rounds.reset()
+	}
+	report := func(b *testing.B, loads int64, rt int) {
+		b.ReportMetric(float64(rt)/float64(b.N), "round-trips/op")
+		b.ReportMetric(float64(loads)/float64(b.N), "loader-calls/op")
+	}
+	b.Run("keys=100/cold=10/GetOrLoadMany", func(b *testing.B) {
+		b.ReportAllocs()
+		var loads int64
+		rt := 0
+		for b.Loop() {
+			warm(b)
+			_, err := c.GetOrLoadMany(context.Background(), keys, func(ctx context.Context, ks []string) (map[string]product, error) {
+				loads++
+				return (&source{}).loadMany(ctx, ks)
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			rt += rounds.total()
+		}
+		report(b, loads, rt)
+	})
+	b.Run("keys=100/cold=10/GetOrLoad-parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		var loads atomic.Int64
+		rt := 0
+		for b.Loop() {
+			warm(b)
+			var wg sync.WaitGroup
+			for _, k := range keys {
+				wg.Go(func() {
+					_, err := c.GetOrLoad(context.Background(), k, func(context.Context) (product, error) {
+						loads.Add(1)
+						return product{ID: k}, nil
+					})
+					if err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			rt += rounds.total()
+		}
+		report(b, loads.Load(), rt)
+	})
+}
