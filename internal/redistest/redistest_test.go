@@ -3,6 +3,9 @@ package redistest
 import (
 	"context"
 	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -50,5 +53,72 @@ func TestPrivateServer(t *testing.T) {
 	}
 	if err := Client(t, s.Addr).Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("PING the private server: %v", err)
+	}
+}
+
+// TestContainerUsesTheDockerCLI runs container() against a fake docker CLI
+// that answers like a real one and publishes the shared test Redis, since
+// CI has no Docker engine.
+func TestContainerUsesTheDockerCLI(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("the fake docker CLI is a shell script")
+	}
+	addr := Addr(t)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log")
+	script := `#!/bin/sh
+echo "$*" >>` + log + `
+case "$1" in
+info) exit 0 ;;
+run) echo c0ffee ;;
+port) echo ` + addr + `; echo "[::1]:1" ;;
+rm) exit 0 ;;
+*) exit 1 ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(dir, "docker"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+
+	got, stop, err := container()
+	if err != nil {
+		t.Fatalf("container() = %v", err)
+	}
+	if got != addr {
+		t.Errorf("container() address = %q; want %q, the first line of docker port", got, addr)
+	}
+	stop()
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := strings.Split(strings.TrimSpace(string(b)), "\n")
+	want := []string{"info", "run -d --rm ", "port c0ffee 6379/tcp", "rm -f c0ffee"}
+	if len(calls) != len(want) {
+		t.Fatalf("docker calls:\n%s\nwant %d: %q", b, len(want), want)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(calls[i], w) {
+			t.Errorf("docker call %d = %q; want it to start with %q", i, calls[i], w)
+		}
+	}
+	if !strings.Contains(calls[1], "-p 127.0.0.1::6379 "+image) {
+		t.Errorf("docker run %q does not publish 6379 on a loopback port only", calls[1])
+	}
+}
+
+func TestContainerWithoutEngine(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("the fake docker CLI is a shell script")
+	}
+	dir := t.TempDir()
+	script := "#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(dir, "docker"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	if _, _, err := container(); err == nil || !strings.Contains(err.Error(), "docker info") {
+		t.Fatalf("container() without an engine = %v; want an error from docker info", err)
 	}
 }
