@@ -94,6 +94,8 @@ type subscription struct {
 	idle    *time.Timer            // closes the subscription after notifyIdle without waits
 	started bool                   // the message loop runs
 	dead    bool                   // closed or broken: replaced on a later wait
+	pingAt  time.Time              // when the last PING was sent
+	pinging bool                   // its PONG has not come back
 }
 
 // channelSub is the state of one channel's subscribe.
@@ -214,6 +216,7 @@ func (n *notifier) waitOn(ctx context.Context, key string, d time.Duration, dead
 			ready = nil // refused or broken: poll
 		case <-t.C:
 			n.leave(s, key, kw, false, d)
+			n.probe(s) // no message, no confirmation: is the connection alive?
 			return waitDone
 		case <-ctx.Done():
 			n.leave(s, key, kw, false, d)
@@ -384,6 +387,10 @@ func (s *subscription) loop() {
 			}
 		case *redis.Message:
 			s.n.deliver(s, m.Payload)
+		case *redis.Pong:
+			s.n.mu.Lock()
+			s.pinging = false
+			s.n.mu.Unlock()
 		}
 	}
 }
@@ -429,6 +436,34 @@ func (n *notifier) answer(channel string, err error, s *subscription) bool {
 
 func isUnknownCommand(err error) bool {
 	return strings.Contains(strings.ToLower(err.Error()), "unknown command")
+}
+
+// errNoPong breaks a subscription whose connection did not answer a PING.
+var errNoPong = errors.New("cache: pub/sub connection did not answer PING")
+
+// probe is called when a wait on s ran out, which a dead connection that
+// did not say so (a half-open TCP connection, replies lost on the way) also
+// causes: it sends a PING, at most one per notifyRetry, and a PING still
+// unanswered after notifyRetry breaks s, to be replaced.
+func (n *notifier) probe(s *subscription) {
+	now := time.Now()
+	n.mu.Lock()
+	if s.dead || !s.started || now.Sub(s.pingAt) < notifyRetry {
+		n.mu.Unlock()
+		return
+	}
+	if s.pinging {
+		n.mu.Unlock()
+		n.kill(s, errNoPong, notifyRetry)
+		return
+	}
+	s.pingAt, s.pinging = now, true
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), notifyRetry)
+	defer cancel()
+	if err := s.ps.Ping(ctx); err != nil {
+		n.kill(s, err, notifyRetry)
+	}
 }
 
 // dropped forgets a channel the server unsubscribed.

@@ -8,6 +8,8 @@ package cache
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -359,4 +361,138 @@ func TestNotifierLifecycle(t *testing.T) {
 	ring := redis.NewRing(&redis.RingOptions{})
 	defer ring.Close()
 	assert.Nil(t, newNotifier(ring), "a Ring polls")
+}
+
+// pubsubProxy forwards TCP connections to a Redis and can black-hole the
+// pub/sub ones (those whose client sent a subscribe) without closing them,
+// as a half-open connection does.
+type pubsubProxy struct {
+	l  net.Listener
+	mu sync.Mutex
+	cs []*proxied // protected by mu
+	wg sync.WaitGroup
+}
+
+type proxied struct {
+	client, server net.Conn
+	pubsub, frozen atomic.Bool
+}
+
+func newPubsubProxy(t *testing.T, upstream string) *pubsubProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &pubsubProxy{l: l}
+	p.wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			pc := &proxied{client: c, server: s}
+			p.mu.Lock()
+			p.cs = append(p.cs, pc)
+			p.mu.Unlock()
+			p.wg.Go(func() { pc.pipe(c, s, true) })
+			p.wg.Go(func() { pc.pipe(s, c, false) })
+		}
+	})
+	t.Cleanup(func() {
+		l.Close()
+		p.mu.Lock()
+		for _, pc := range p.cs {
+			pc.client.Close()
+			pc.server.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (pc *proxied) pipe(from, to net.Conn, fromClient bool) {
+	defer to.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if err != nil {
+			return
+		}
+		if fromClient && strings.Contains(strings.ToLower(string(buf[:n])), "subscribe") {
+			pc.pubsub.Store(true)
+		}
+		if pc.frozen.Load() {
+			continue // swallowed
+		}
+		if _, err := to.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// freeze black-holes the pub/sub connections open now.
+func (p *pubsubProxy) freeze() (n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pc := range p.cs {
+		if pc.pubsub.Load() {
+			pc.frozen.Store(true)
+			n++
+		}
+	}
+	return n
+}
+
+// TestWaiterPollsWhenSubscriptionHangs black-holes the subscription's
+// connection without closing it: waiters poll, a PING that gets no answer
+// breaks the subscription, and a later wait is woken on a new one.
+func TestWaiterPollsWhenSubscriptionHangs(t *testing.T) {
+	rdb, p := setup(t)
+	loadScripts(t, rdb)
+	proxy := newPubsubProxy(t, rdb.Options().Addr)
+	const backoff = 200 * time.Millisecond
+
+	wdb := redistest.Client(t, proxy.l.Addr().String())
+	hook := &readOrLockHook{}
+	wdb.AddHook(hook)
+	var woken atomic.Int64
+	c := New[product](wdb, WithRetry(100, backoff), eventCount(EventWoken, &woken))
+	t.Cleanup(func() { _ = c.Close() })
+
+	round := func(key string) (wakes int64) {
+		woken.Store(0)
+		h := startHolder(t, rdb.Options().Addr, key, false)
+		hook.after = func(n int64) {
+			if n == 2 {
+				h.open(t, false)
+			}
+		}
+		hook.n.Store(0)
+		v, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+		hook.after = nil
+		require.NoError(t, err)
+		require.NoError(t, <-h.done)
+		assert.Equal(t, "holder", v.ID)
+		return woken.Load()
+	}
+	require.EqualValues(t, 1, round(p+"before"), "EventWoken before the connection hangs")
+	require.Equal(t, 1, proxy.freeze(), "pub/sub connections frozen")
+	assert.Zero(t, round(p+"frozen"), "EventWoken while the connection hangs")
+
+	// More timed-out waits probe the connection and break it; after
+	// notifyRetry a new subscription is made.
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		if round(p+"after"+strconv.Itoa(i)) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no waiter woken 10s after the subscription hung: it was never replaced")
+		}
+	}
 }
