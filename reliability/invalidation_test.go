@@ -504,3 +504,59 @@ func TestDeleteWhileAnInstanceLoadsWithoutRedis(t *testing.T) {
 	}
 	t.Logf("figures: FailOpen instance without Redis loading (200ms) while another instance deletes: %d of %d later reads got the old value", stale, rounds)
 }
+
+// TestDeleteDuringABatchLoad: instance A loads a key through GetOrLoadMany,
+// which leads A's flight of the key; instance B deletes it meanwhile. A
+// GetOrLoad on A that begins after Delete returned may share the batch's
+// flight only if it is still good: it must not get v1.
+func TestDeleteDuringABatchLoad(t *testing.T) {
+	addr := redistest.Addr(t)
+	direct := newClient(t, addr, nil)
+	p := redistest.Prefix(t, direct)
+	ctx := context.Background()
+	cs := procs(t, 2, addr, nil)
+	a, b := cs[0], cs[1]
+	const rounds = 10
+	stale := 0
+	for r := range rounds {
+		key := "k" + strconv.Itoa(r)
+		src := newVersioned(200 * time.Millisecond)
+		loadMany := func(ctx context.Context, keys []string) (map[string]string, error) {
+			v, err := src.loader(0)(ctx)
+			if err != nil {
+				return nil, err
+			}
+			m := map[string]string{}
+			for _, k := range keys {
+				m[k] = v
+			}
+			return m, nil
+		}
+		batchDone := make(chan error, 1)
+		go func() {
+			_, err := a.GetOrLoadMany(ctx, []string{p + key}, loadMany)
+			batchDone <- err
+		}()
+		for src.loads.Load() < 1 { // the batch's load has read v1
+			time.Sleep(time.Millisecond)
+		}
+		src.ver.Store(2)
+		if err := b.Delete(ctx, p+key); err != nil {
+			t.Fatalf("Delete: %v", err)
+		}
+		v, err := a.GetOrLoad(ctx, p+key, src.loader(0)) // begins after Delete returned
+		if err != nil {
+			t.Errorf("round %d: GetOrLoad after Delete: %v", r, err)
+		}
+		if v == "v1" {
+			stale++
+		}
+		if err := <-batchDone; err != nil {
+			t.Errorf("round %d: GetOrLoadMany: %v", r, err)
+		}
+	}
+	if stale != 0 {
+		t.Errorf("%d of %d reads that began after Delete returned got v1 from the batch's load", stale, rounds)
+	}
+	t.Logf("figures: GetOrLoadMany loading (200ms) while another instance deletes, then GetOrLoad on the batch's instance: %d of %d got the deleted version", stale, rounds)
+}
