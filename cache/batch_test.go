@@ -222,6 +222,44 @@ func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
 	assert.Equal(t, 1, rounds.total(), "round trips for a warm batch")
 }
 
+func TestGetOrLoadManyWatchdogKeepsASlowLoadSingle(t *testing.T) {
+	rdb, p := setup(t)
+	keys := names(p, 3)
+	const lockTTL = 300 * time.Millisecond // see TestGetOrLoadWatchdogKeepsASlowLoadSingle
+	holder := New[product](rdb, WithLockTTL(lockTTL))
+	waiter := New[product](redistest.Client(t, redistest.Addr(t)), WithLockTTL(lockTTL), WithRetry(100, 20*time.Millisecond))
+	src := &source{delay: 4 * lockTTL, entered: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { _, err := holder.GetOrLoadMany(t.Context(), keys, src.loadMany); done <- err }()
+	<-src.entered
+
+	single := &counter{}
+	v, err := waiter.GetOrLoad(t.Context(), keys[2], single.load)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	assert.Equal(t, keys[2], v.ID, "the batch's value")
+	assert.Zero(t, single.calls.Load(), "a batch load 4x longer than the lock TTL must keep its locks")
+	assert.Len(t, src.callKeys(), 1)
+}
+
+func TestGetOrLoadManyReloadsMissingScripts(t *testing.T) {
+	srv := redistest.PrivateServer(t, "TestGetOrLoadManyReloadsMissingScripts empties the server's script cache")
+	rdb := redistest.Client(t, srv.Addr)
+	require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
+	rounds := recordRounds(rdb)
+	c := New[product](rdb)
+	keys := names("", 4)
+	src := &source{}
+	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	assert.Len(t, got, 4)
+	assert.Equal(t, int64(4), rdb.Exists(t.Context(), keys...).Val(), "values stored")
+	_, loads := rounds.count("script")
+	assert.Equal(t, 2, loads, "SCRIPT LOAD of read-or-lock and commit, once each")
+	evalRounds, _ := rounds.count("evalsha")
+	assert.Equal(t, 4, evalRounds, "read-or-lock and commit rounds, each sent again once")
+}
+
 func TestGetOrLoadManyInstancesOnOverlappingKeysLoadEachKeyOnce(t *testing.T) {
 	_, p := setup(t)
 	keys := names(p, 40)
@@ -506,12 +544,16 @@ func TestGetOrLoadManyInput(t *testing.T) {
 	assert.Zero(t, rounds.total(), "no keys: no Redis call")
 	assert.Empty(t, src.callKeys())
 
-	// Duplicates are loaded once; keys are the caller's, without the prefix.
+	// Duplicates are read and loaded once; keys are the caller's, without
+	// the prefix.
+	rounds.reset()
 	got, err = c.GetOrLoadMany(t.Context(), []string{"a", "b", "a"}, src.loadMany)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]product{"a": {ID: "a", Price: 1}, "b": {ID: "b", Price: 1}}, got)
 	require.Len(t, src.callKeys(), 1)
 	assert.ElementsMatch(t, []string{"a", "b"}, src.callKeys()[0])
+	_, gets := rounds.count("get")
+	assert.Equal(t, 2, gets, "GETs for two distinct keys")
 	assert.Equal(t, int64(1), rdb.Exists(t.Context(), p+"a").Val(), "stored under the prefix")
 }
 
