@@ -22,6 +22,10 @@ var (
 	// the key. (A cached not-found is [ErrNotFound] instead.)
 	ErrCacheMiss = errors.New("cache: miss")
 
+	// ErrRefreshFailed is the Err of an [EventStaleServed] when the value is
+	// served because its refresh failed (see [WithStale]).
+	ErrRefreshFailed = errors.New("cache: refresh failed; stale value served")
+
 	// ErrLockNotAcquired is returned when a caller used its whole retry budget
 	// (see [WithRetry]) without finding a value or taking the lock, because
 	// another holder is still loading. When the shared load's context ended

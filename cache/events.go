@@ -32,8 +32,10 @@ const (
 	// EventLockLost: a loaded value was not stored because the lock was no
 	// longer this holder's (a Delete or Set ran, or the lease lapsed).
 	EventLockLost
-	// EventStaleServed: a value past its TTL was served. Err: why (nil while
-	// a refresh runs; the loader's or Redis's error, or a timeout, otherwise).
+	// EventStaleServed: a value past its TTL was served. Err: nil when a
+	// refresh was started for it; [ErrRefreshFailed] when its refresh failed
+	// (or, within the throttle, had failed); an error wrapping
+	// context.DeadlineExceeded when the soft load timeout passed first.
 	EventStaleServed
 	// EventRefresh: a background refresh (early refresh, or revalidation of
 	// a stale value) ended. Duration: its load time; Err: its error.
@@ -75,8 +77,19 @@ type Event struct {
 // locks, stale values served, refreshes, Redis errors and the circuit
 // breaker. fn is called synchronously on the goroutine doing the work, on the
 // hit path too, so it must be quick, must not block, and must be safe for
-// concurrent use. Default: none (no cost).
-func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }
+// concurrent use. Given more than once, every fn gets every event, in the
+// order given (metrics and logs, say). Default: none (no cost).
+func WithObserver(fn func(Event)) Option {
+	return func(c *config) {
+		if prev := c.observer; prev != nil && fn != nil {
+			c.observer = func(e Event) { prev(e); fn(e) }
+			return
+		}
+		if fn != nil {
+			c.observer = fn
+		}
+	}
+}
 
 func (c *config) emit(kind EventKind, key string, d time.Duration, err error) {
 	if c.observer != nil {

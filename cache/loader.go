@@ -34,12 +34,13 @@ var (
 // missing key once across all the processes that share the Redis. It is safe
 // for concurrent use; create one per value type and reuse it.
 type Cache[V any] struct {
-	rdb     redis.UniversalClient
-	cfg     config
-	cluster bool               // rdb is a *redis.ClusterClient: Delete sends single-key commands
-	group   singleflight.Group // merges this process's callers of one key
-	brk     breaker
-	notify  *notifier // wakes waiters; nil: they poll
+	rdb      redis.UniversalClient
+	cfg      config
+	cluster  bool               // rdb is a *redis.ClusterClient: Delete sends single-key commands
+	deadline sharedDeadline     // bounds the GETs of flights
+	group    singleflight.Group // merges this process's callers of one key
+	brk      breaker
+	notify   *notifier // wakes waiters; nil: they poll
 
 	seed       maphash.Seed   // this process's XFetch draws
 	refreshing sync.Map       // keys with a background refresh running in this process
@@ -115,39 +116,75 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 	}
 	start := time.Now()
 	for {
-		ch := c.group.DoChan(key, func() (any, error) { return c.flight(ctx, key, load) })
-		select {
-		case r := <-ch:
-			if r.Err != nil {
-				return zero, r.Err
-			}
-			res := r.Val.(*result[V])
-			if res.at.Before(start) {
-				// The flight's answer predates this caller. The flight has
-				// left the group, so the next one starts after start.
-				continue
-			}
-			if res.stale {
-				markStale(ctx)
-			}
-			return c.value(res)
-		case <-ctx.Done():
-			return zero, ctx.Err()
+		v, err := c.merged(ctx, key, func() (any, error) { return c.flight(ctx, key, load) })
+		if err != nil {
+			return zero, err
 		}
+		res := v.(*result[V])
+		if res.at.Before(start) {
+			// The flight's answer predates this caller. The flight has left
+			// the group, so the next one starts after start.
+			continue
+		}
+		if res.stale {
+			markStale(ctx)
+		}
+		return c.value(res)
 	}
 }
 
-// flight is the shared work of one key's merged callers.
+// flight is the shared work of one key's merged callers. It runs on ctx's
+// values without its cancellation: the GET on a deadline the Cache shares
+// among its flights (no timer of its own for a hit), the miss path on a
+// deadline of its own, both within the load timeout.
 func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Context) (V, error)) (r *result[V], err error) {
 	defer func() { // a panic decoding a hit: an error for the callers, not a crash
 		if p := recover(); p != nil {
 			err = &PanicError{in: "flight", Value: p, stack: debug.Stack()}
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
-	defer cancel()
-	return c.fetch(ctx, key, load)
+	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout), key, load)
 }
+
+// sharedDeadline hands flights a context that ends between 3/4 of the
+// timeout and the timeout after they start, renewed every quarter timeout:
+// one timer per quarter instead of one per flight. (go-redis's own
+// timeouts do not bound everything: a new connection's handshake can wait
+// on the context alone.) It is safe for concurrent use.
+type sharedDeadline struct{ cur atomic.Pointer[deadlineCtx] }
+
+type deadlineCtx struct {
+	context.Context
+	cancel  context.CancelFunc // never called: the context ends at its deadline
+	renewAt int64              // nanotime after which flights get a newer one
+}
+
+// within returns a context with ctx's values, without its cancellation,
+// that ends within timeout.
+func (d *sharedDeadline) within(ctx context.Context, timeout time.Duration) context.Context {
+	now := nanotime()
+	cur := d.cur.Load()
+	if cur == nil || now >= cur.renewAt {
+		next := &deadlineCtx{renewAt: now + int64(timeout/4)}
+		next.Context, next.cancel = context.WithTimeout(context.Background(), timeout)
+		if !d.cur.CompareAndSwap(cur, next) {
+			next = d.cur.Load()
+		}
+		cur = next
+	}
+	if ctx == context.Background() || ctx == context.TODO() {
+		return cur.Context
+	}
+	return valuesOf{cur.Context, ctx}
+}
+
+// valuesOf is a deadline context with another context's values.
+type valuesOf struct {
+	context.Context
+	values context.Context
+}
+
+func (v valuesOf) Value(key any) any { return v.values.Value(key) }
 
 // value hands a flight's result to one caller.
 func (c *Cache[V]) value(r *result[V]) (V, error) {
@@ -276,6 +313,8 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, err, load)
 	}
 	c.cfg.emit(EventMiss, key, 0, nil)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.loadTimeout) // the miss path's own
+	defer cancel()
 
 	lk := newLoadLock(key)
 	var waitStart time.Time
@@ -313,8 +352,13 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			go c.release(ctx, key, lk)
 			return c.redisFailed(ctx, key, err, load)
 		}
-		if attempt <= c.cfg.retry.max && c.notify.wait(ctx, key, c.cfg.retry.backoff) {
-			c.cfg.emit(EventWoken, key, 0, nil)
+		if attempt <= c.cfg.retry.max {
+			began := time.Now()
+			if c.notify.wait(ctx, key, c.cfg.retry.backoff) {
+				c.cfg.emit(EventWoken, key, 0, nil)
+			} else if time.Since(began) < c.cfg.retry.backoff/2 && ctx.Err() == nil {
+				attempt-- // the wait only subscribed, so that the next read misses no commit: not a retry
+			}
 		}
 		if attempt > c.cfg.retry.max || ctx.Err() != nil {
 			err := c.notAcquired(ctx, key)

@@ -5,6 +5,7 @@ package cache
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"math"
 	"time"
@@ -116,21 +117,25 @@ func markStale(ctx context.Context) {
 // waiting up to the soft load timeout for the refresh it starts.
 func (c *Cache[V]) serveStale(ctx context.Context, key string, load func(context.Context) (V, error), r *result[V], throttled bool) *result[V] {
 	r.stale = true
-	var done <-chan *result[V]
-	if !throttled {
-		done = c.refresh(ctx, key, load, r)
+	if throttled {
+		c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
+		return r
 	}
+	done := c.refresh(ctx, key, load, r)
+	var why error
 	if done != nil && c.cfg.softTimeout > 0 {
 		t := time.NewTimer(c.cfg.softTimeout)
 		defer t.Stop()
 		select {
 		case fresh := <-done:
-			if fresh != nil {
+			if fresh != nil && !fresh.stale {
 				return fresh
 			}
+			why = ErrRefreshFailed
 		case <-t.C:
+			why = fmt.Errorf("cache: refresh of %q still running after the soft load timeout (%v): %w", key, c.cfg.softTimeout, context.DeadlineExceeded)
 		}
 	}
-	c.cfg.emit(EventStaleServed, key, 0, nil)
+	c.cfg.emit(EventStaleServed, key, 0, why)
 	return r
 }
