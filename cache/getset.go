@@ -85,7 +85,7 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V) error {
 		if c.redisCall(key, err) == errNone {
 			return nil
 		}
-		if classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
+		if c.classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
 			return fmt.Errorf("cache: redis: %w", err)
 		}
 	}

@@ -228,7 +228,7 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 		if err == nil {
 			return nil
 		}
-		if classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
+		if c.classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
 			return fmt.Errorf("cache: redis: %w", err)
 		}
 	}
@@ -279,7 +279,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 // redisCall records a Redis call's outcome with the breaker and the
 // observer, and classifies its error.
 func (c *Cache[V]) redisCall(key string, err error) errClass {
-	class := classify(err)
+	class := c.classify(err)
 	switch c.brk.record(class) {
 	case +1:
 		c.cfg.emit(EventBreakerOpen, key, 0, err)
@@ -338,8 +338,8 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 				c.cfg.emit(EventLockContended, key, 0, nil)
 			}
 		case errTransient: // a slot migrating, a failover: wait it out like a held lock
-			if !c.cfg.retry.wait(ctx, attempt) {
-				return c.redisFailed(ctx, key, err, load)
+			if !c.cfg.retry.wait(ctx, attempt) { // no longer transient: say what it was
+				return nil, fmt.Errorf("cache: redis: still failing after %d retries: %w", attempt-1, err)
 			}
 			continue
 		case errFatal:

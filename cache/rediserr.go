@@ -26,6 +26,25 @@ const (
 // replica starting or failing over, a script still running.
 var transientPrefixes = []string{"TRYAGAIN", "ASK", "MOVED", "CLUSTERDOWN", "LOADING", "READONLY", "MASTERDOWN", "BUSY"}
 
+// clusterOnly are the transient replies that only a cluster client can wait
+// out: a plain client that gets them is pointed at a cluster node, which no
+// wait cures.
+var clusterOnly = []string{"TRYAGAIN", "ASK", "MOVED", "CLUSTERDOWN"}
+
+// classify is classify for this client: cluster states are misconfiguration
+// for a client that is not a cluster client.
+func (c *Cache[V]) classify(err error) errClass {
+	class := classify(err)
+	if class == errTransient && !c.cluster {
+		for _, p := range clusterOnly {
+			if redis.HasErrorPrefix(err, p) {
+				return errFatal
+			}
+		}
+	}
+	return class
+}
+
 func classify(err error) errClass {
 	if err == nil || errors.Is(err, redis.Nil) {
 		return errNone

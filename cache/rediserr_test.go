@@ -9,6 +9,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -81,13 +82,14 @@ func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// TestTransientErrorsAreWaitedOut: while a slot migrates, the lock script
-// gets TRYAGAIN. It used to go to the failure policy: every instance loaded
-// uncached. Now the flight waits and retries, so the key loads once and is
-// stored.
+// TestTransientErrorsAreWaitedOut: while a slot migrates (TRYAGAIN, on a
+// cluster client: see the reliability suite's real migration) or a server
+// loads its data set, the lock script fails. It used to go to the failure
+// policy: every instance loaded uncached. Now the flight waits and retries,
+// so the key loads once and is stored.
 func TestTransientErrorsAreWaitedOut(t *testing.T) {
 	rdb, p := setup(t)
-	hook := &failHook{cmd: "script", err: replyError(t, rdb, "TRYAGAIN Multiple keys request during rehashing of slot")}
+	hook := &failHook{cmd: "script", err: replyError(t, rdb, "LOADING Redis is loading the dataset in memory")}
 	hook.n.Store(3)
 	rdb.AddHook(hook)
 	var reported atomic.Int64
@@ -102,13 +104,45 @@ func TestTransientErrorsAreWaitedOut(t *testing.T) {
 	assert.Zero(t, reported.Load(), "a wait is not a failure")
 
 	t.Run("Delete", func(t *testing.T) {
-		hook := &failHook{cmd: "del", err: replyError(t, rdb, "CLUSTERDOWN The cluster is down")}
+		hook := &failHook{cmd: "del", err: replyError(t, rdb, "MASTERDOWN Link with MASTER is down")}
 		hook.n.Store(2)
 		rdb.AddHook(hook)
 		require.NoError(t, c.Delete(t.Context(), p+"k"))
 		assert.Equal(t, int64(2), hook.seen.Load())
 		assert.Zero(t, rdb.Exists(t.Context(), p+"k").Val())
 	})
+}
+
+// TestClusterRepliesToAPlainClientAreReturned: a *redis.Client on one node
+// of a cluster gets MOVED for other nodes' keys for ever; waiting it out
+// would only delay the error by the load timeout.
+func TestClusterRepliesToAPlainClientAreReturned(t *testing.T) {
+	rdb, p := setup(t)
+	hook := &failHook{cmd: "get", err: replyError(t, rdb, "MOVED 3999 127.0.0.1:6381")}
+	hook.n.Store(1 << 30)
+	rdb.AddHook(hook)
+	src := &counter{}
+	_, err := New[product](rdb).GetOrLoad(t.Context(), p+"k", src.load)
+	require.ErrorContains(t, err, "MOVED")
+	assert.Equal(t, int64(1), hook.seen.Load(), "returned at once, not polled")
+	assert.Zero(t, src.calls.Load())
+}
+
+// TestTransientErrorsThatLastAreReturned: a transient reply that outlasts
+// the budget (a client on a replica gets READONLY for ever) is returned,
+// naming it, under every policy, rather than turned into uncached loads.
+func TestTransientErrorsThatLastAreReturned(t *testing.T) {
+	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
+		rdb, p := setup(t)
+		hook := &failHook{cmd: "script", err: replyError(t, rdb, "READONLY You can't write against a read only replica.")}
+		hook.n.Store(1 << 30)
+		rdb.AddHook(hook)
+		src := &counter{}
+		_, err := New[product](rdb, WithFailurePolicy(policy), WithRetry(3, time.Millisecond)).GetOrLoad(t.Context(), p+"k", src.load)
+		require.ErrorContains(t, err, "READONLY")
+		assert.Equal(t, int64(4), hook.seen.Load())
+		assert.Zero(t, src.calls.Load())
+	}
 }
 
 // TestMisconfigurationIsReturnedUnderEveryPolicy: a missing permission used
