@@ -26,14 +26,18 @@ var (
 	// served because its refresh failed (see [WithStale]).
 	ErrRefreshFailed = errors.New("cache: refresh failed; stale value served")
 
-	// ErrLockNotAcquired is returned when a caller used its whole retry budget
-	// (see [WithRetry]) without finding a value or taking the lock, because
-	// another holder is still loading. When the shared load's context ended
-	// the wait, it is joined with that context's error.
+	// ErrLockNotAcquired is returned (wrapped, naming the key and the budget)
+	// when a caller of [Cache.GetOrLoad] used its whole retry budget (see
+	// [WithRetry]) without finding a value or taking the lock, because
+	// another holder is still loading, and by [Obtain] when the lock is held
+	// after its retries (see [WithLockRetry]). When a context ended the wait,
+	// it is joined with that context's error.
 	ErrLockNotAcquired = errors.New("cache: lock not acquired")
 
-	// ErrLockNotHeld is returned by [Lock.Release] and [Lock.Refresh] when the
-	// lock has expired or is now held by someone else.
+	// ErrLockNotHeld is returned by [Lock.Release], [Lock.Refresh],
+	// [Lock.TTL] and [Lock.Hold] when the lock has expired or is now held by
+	// someone else, and wrapped in the error hook's report of a loaded value
+	// not stored because its load lock was lost.
 	ErrLockNotHeld = errors.New("cache: lock not held")
 
 	// ErrEmptyKey is returned for an empty key: it is almost always a bug in

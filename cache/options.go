@@ -1,5 +1,5 @@
-// options.go holds the functional options of [New] and [Obtain], their
-// defaults and their validation.
+// options.go holds the functional options of [New], their defaults and
+// their validation.
 
 package cache
 
@@ -42,7 +42,8 @@ const (
 	FailClosed
 )
 
-// Option configures a [Cache] (see [New]) or a [Lock] (see [Obtain]).
+// Option configures a [Cache] (see [New]). The standalone lock has its own,
+// [LockOption].
 type Option func(*config)
 
 type config struct {
@@ -213,7 +214,7 @@ func WithLoadTimeout(d time.Duration) Option { return func(c *config) { c.loadTi
 // WithCodec sets how values are encoded. Default: [JSON].
 func WithCodec(codec Codec) Option { return func(c *config) { c.codec = codec } }
 
-// WithPrefix is prepended to every key given to the Cache or to [Obtain], for
+// WithPrefix is prepended to every key given to the Cache, for
 // example "svc:products:". Default: none, so the value lives at exactly the
 // key and other programs can read or delete it.
 func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
