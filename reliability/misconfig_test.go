@@ -301,3 +301,62 @@ func TestPlainClientOnAClusterNode(t *testing.T) {
 		})
 	}
 }
+
+// TestCircuitBreakerOnAStalledLink is the outage where packets vanish
+// instead of being refused: each failing call costs the client's read
+// timeout (300ms here), so the breaker must open after a few of them.
+func TestCircuitBreakerOnAStalledLink(t *testing.T) {
+	ctx := context.Background()
+	addr := redistest.Addr(t)
+	for _, pol := range policies {
+		t.Run(pol.name, func(t *testing.T) {
+			px := newProxy(t, addr)
+			rdb := newClient(t, px.Addr(), fastFail)
+			var hook commandCounter
+			rdb.AddHook(&hook)
+			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p))
+			t.Cleanup(func() { _ = c.Close() })
+			p := redistest.Prefix(t, newClient(t, addr, nil))
+			src := newSource(0)
+			if _, err := c.GetOrLoad(ctx, p+"warm", src.loader(p+"warm", "v")); err != nil {
+				t.Fatalf("before the stall: %v", err)
+			}
+			px.add(t, "stall", "timeout", "downstream", `{"timeout":0}`)
+			hook.cmds.Store(0)
+			before := src.total.Load()
+			const calls = 200
+			var ok, open, done int
+			start := time.Now()
+			for i := range calls {
+				if time.Since(start) > 20*time.Second {
+					break
+				}
+				k := p + strconv.Itoa(i)
+				v, err := c.GetOrLoad(ctx, k, src.loader(k, "v"))
+				done++
+				switch {
+				case err == nil && v == "v":
+					ok++
+				case errors.Is(err, cache.ErrCircuitOpen):
+					open++
+				}
+			}
+			took := time.Since(start)
+			px.remove(t, "stall")
+			if done != calls {
+				t.Errorf("only %d of %d calls returned within 20s of stall", done, calls)
+			}
+			if n := hook.cmds.Load(); n > 15 {
+				t.Errorf("%d calls on a stalled link sent %d commands; want at most 15", done, n)
+			}
+			if pol.p == cache.FailOpen && ok != done {
+				t.Errorf("FailOpen: %d of %d calls got their value", ok, done)
+			}
+			if pol.p == cache.FailClosed && open < done-10 {
+				t.Errorf("FailClosed: %d of %d calls got ErrCircuitOpen; want all but the first few", open, done)
+			}
+			t.Logf("figures: stalled link, %s: %d calls in %v: %d ok, %d ErrCircuitOpen, loads=%d, %d commands sent",
+				pol.name, done, took.Round(time.Millisecond), ok, open, src.total.Load()-before, hook.cmds.Load())
+		})
+	}
+}
