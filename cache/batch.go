@@ -699,7 +699,7 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 	outage := len(errs) > 0
 	var first error
 	for i, err := range errs {
-		classes[i] = classify(err)
+		classes[i] = c.classify(err)
 		if classes[i] != errOutage {
 			outage = false
 		}
