@@ -527,6 +527,33 @@ func TestGetOrLoadManyLoaderOptionsApplyToTheBatch(t *testing.T) {
 	}
 }
 
+func TestGetOrLoadManyServesStaleAndRefreshesOneKey(t *testing.T) {
+	rdb, p := setup(t)
+	var ev eventCounts
+	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+		WithStale(time.Minute), WithObserver(ev.observe))
+	keys := names(p, 3)
+	src := &source{}
+	_, err := c.GetOrLoadMany(t.Context(), keys[:1], src.loadMany)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // past the TTL
+
+	var info ResultInfo
+	got, err := c.GetOrLoadMany(WithResultInfo(t.Context(), &info), keys, src.loadMany)
+	require.NoError(t, err)
+	assert.Len(t, got, 3)
+	assert.True(t, info.Stale, "the caller can tell a value was stale")
+	require.NoError(t, c.Close()) // waits for the refresh
+	calls := src.callKeys()
+	require.Len(t, calls, 3, "the first load, the batch's load of the cold keys, the refresh")
+	later := calls[1:] // the refresh runs in the background: either may come first
+	slices.SortFunc(later, func(a, b []string) int { return len(a) - len(b) })
+	assert.Equal(t, []string{keys[0]}, later[0], "the stale key is refreshed alone, in the background")
+	assert.ElementsMatch(t, keys[1:], later[1], "the batch loads only the cold keys")
+	assert.Equal(t, int64(1), ev[EventStaleServed].Load())
+	assert.Equal(t, int64(1), ev[EventRefresh].Load())
+}
+
 func TestGetOrLoadManyInput(t *testing.T) {
 	rdb, p := setup(t)
 	c := New[product](rdb, WithPrefix(p))
