@@ -235,7 +235,7 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 // READONLY. The cache waits READONLY out as a failover in progress, which is
 // fair, but when it gives up the caller must learn why.
 func TestClientOnAReplicaNamesREADONLY(t *testing.T) {
-	skipUntilFixed(t, "6 (READONLY, found by this suite)")
+	skipUntilFixed(t, "6 (READONLY: on a20e49d the error still says only \"context deadline exceeded\" in about half the runs; found by this suite)")
 	ctx := context.Background()
 	primary := redistest.NewServer(t, "--repl-diskless-sync-delay", "0") // the replica syncs at once
 	replica := redistest.NewServer(t)
@@ -269,16 +269,18 @@ func TestClientOnAReplicaNamesREADONLY(t *testing.T) {
 // ClusterClient. For this client MOVED never goes away, so the cache must
 // return it at once, not poll it for the whole load timeout.
 func TestPlainClientOnAClusterNode(t *testing.T) {
-	skipUntilFixed(t, "6 (MOVED to a plain client, found by this suite)")
 	ctx := context.Background()
 	cl := startCluster(t, 3)
 	rdb := newClient(t, cl.nodes[0].Addr, nil)
 	var hook commandCounter
 	rdb.AddHook(&hook)
-	key := ""
-	for i := 0; key == ""; i++ {
-		if k := "moved:" + strconv.Itoa(i); slot(k) >= 16384/3 { // served by another node than 0
+	key, local := "", ""
+	for i := 0; key == "" || local == ""; i++ {
+		switch k := "moved:" + strconv.Itoa(i); {
+		case slot(k) >= 16384/3: // served by another node than 0
 			key = k
+		case slot(k) < 16384/3-1:
+			local = k
 		}
 	}
 	for _, pol := range policies {
@@ -286,6 +288,12 @@ func TestPlainClientOnAClusterNode(t *testing.T) {
 			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p), cache.WithLoadTimeout(2*time.Second))
 			t.Cleanup(func() { _ = c.Close() })
 			src := newSource(0)
+			// A key node 0 serves works, and sets up what a first call sets
+			// up (the notifier's subscription), so that the count below is
+			// the MOVED call's own.
+			if _, err := c.GetOrLoad(ctx, local, src.loader(local, "v")); err != nil {
+				t.Fatalf("GetOrLoad of a key node 0 serves: %v", err)
+			}
 			hook.cmds.Store(0)
 			start := time.Now()
 			v, err := c.GetOrLoad(ctx, key, src.loader(key, "v"))
@@ -296,8 +304,11 @@ func TestPlainClientOnAClusterNode(t *testing.T) {
 			if n := hook.cmds.Load(); n > 5 {
 				t.Errorf("%d commands sent before the error; want a handful, not a poll until the load timeout", n)
 			}
+			if n := src.loads(key); n != 0 {
+				t.Errorf("loads of the key = %d; want 0: a misconfiguration is no outage", n)
+			}
 			t.Logf("figures: plain client on a cluster node, %s, load timeout 2s: err=%v, loads=%d, %d commands, after %v",
-				pol.name, err, src.total.Load(), hook.cmds.Load(), took.Round(time.Millisecond))
+				pol.name, err, src.loads(key), hook.cmds.Load(), took.Round(time.Millisecond))
 		})
 	}
 }
