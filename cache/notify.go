@@ -44,7 +44,11 @@ var errUnsharded = errors.New("cache: no SSUBSCRIBE on this server")
 // goroutine) per Redis master: SSUBSCRIBE, or SUBSCRIBE on a server that
 // does not know it (Redis < 7, where the scripts PUBLISH instead of
 // SPUBLISH: both follow from the server's version). A subscription with no
-// waiter for notifyIdle is closed; so are all of them by close.
+// waiter for notifyIdle is closed; so are all of them by close, and a
+// subscription's goroutine also ends when its connection fails (closing the
+// Redis client closes it). A connection that fails silently is found by a
+// PING after a wait ran out (see probe). A broken subscription is replaced
+// by a later wait, notifyRetry after it broke.
 //
 // A nil *notifier (a client it cannot subscribe on, such as a redis.Ring or
 // another UniversalClient than *redis.Client and *redis.ClusterClient) only
