@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -552,6 +553,46 @@ func TestGetOrLoadManyServesStaleAndRefreshesOneKey(t *testing.T) {
 	assert.ElementsMatch(t, keys[1:], later[1], "the batch loads only the cold keys")
 	assert.Equal(t, int64(1), ev[EventStaleServed].Load())
 	assert.Equal(t, int64(1), ev[EventRefresh].Load())
+}
+
+// lostLockReplies runs pipelines and then reports a network error in place
+// of the replies to the read-or-lock script: the locks were taken, the
+// client does not know it.
+type lostLockReplies struct{}
+
+func (lostLockReplies) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (lostLockReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (lostLockReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if args := cmd.Args(); cmd.Name() == "evalsha" && args[1] == readOrLockScript.Hash() {
+				err = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("reply lost")}
+				cmd.SetErr(err)
+			}
+		}
+		return err
+	}
+}
+
+func TestGetOrLoadManyLostLockRepliesFailOpen(t *testing.T) {
+	rdb, p := setup(t)
+	loadBatchScripts(t, rdb)
+	rdb.AddHook(lostLockReplies{})
+	var hooked atomic.Int64
+	c := New[product](rdb, WithErrorHook(func(string, error) { hooked.Add(1) }))
+	keys := names(p, 3)
+	src := &source{}
+	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err, "FailOpen: the keys are loaded without Redis")
+	assert.Len(t, got, 3)
+	require.Len(t, src.callKeys(), 1, "one loadMany call")
+	assert.ElementsMatch(t, keys, src.callKeys()[0])
+	assert.Equal(t, int64(3), hooked.Load(), "each key's Redis error goes to the error hook")
+	for _, k := range keys {
+		waitFor(t, func() bool { return rdb.Exists(t.Context(), LockKey(k)).Val() == 0 }) // released in the background
+		assert.Zero(t, rdb.Exists(t.Context(), k).Val(), "%q: a load without the lock must not be cached", k)
+	}
 }
 
 func TestGetOrLoadManyInput(t *testing.T) {
