@@ -580,7 +580,7 @@ func TestGetOrLoadManyLostLockRepliesFailOpen(t *testing.T) {
 	loadBatchScripts(t, rdb)
 	rdb.AddHook(lostLockReplies{})
 	var hooked atomic.Int64
-	c := New[product](rdb, WithErrorHook(func(string, error) { hooked.Add(1) }))
+	c := New[product](rdb, WithLockTTL(time.Minute), WithErrorHook(func(string, error) { hooked.Add(1) }))
 	keys := names(p, 3)
 	src := &source{}
 	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
