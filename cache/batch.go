@@ -45,8 +45,8 @@ import (
 // it was given; nothing is cached), [ErrLockNotAcquired], a Redis error
 // under [FailClosed] or [ErrCircuitOpen]. Under [FailOpen], keys Redis could
 // not serve are loaded by the same loadMany call and returned uncached.
-// Errors before any work: [ErrNilLoader], and [ErrEmptyKey] or
-// [ErrReservedKey] naming the key. With [WithResultInfo], Stale is set when
+// Errors before any work, with a nil map: [ErrNilLoader], and
+// [ErrEmptyKey] or [ErrReservedKey] naming the key's index. With [WithResultInfo], Stale is set when
 // any value returned was stale. Safe for concurrent use.
 func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany func(ctx context.Context, keys []string) (map[string]V, error)) (map[string]V, error) {
 	if loadMany == nil {
