@@ -1,5 +1,7 @@
 // hit_test.go measures the path every request takes once a key is cached:
-// BenchmarkHit/<competitor>/{hot,spread10k}.
+// BenchmarkHit/impl=<competitor>/ctx=<background|cancellable>/keys=<hot|spread10k>.
+// The parts are key=value so that benchstat can put competitors side by side
+// (-col /impl) and compare the two contexts (-col /ctx).
 package benchmarks
 
 import (
@@ -21,7 +23,7 @@ const (
 func BenchmarkHit(b *testing.B) {
 	addr := privateRedis(b)
 	for _, c := range competitors {
-		b.Run(c.name, func(b *testing.B) {
+		b.Run("impl="+c.name, func(b *testing.B) {
 			in, err := c.open(addr, time.Hour)
 			if err != nil {
 				b.Fatalf("open %s: %v", c.name, err)
@@ -37,26 +39,41 @@ func BenchmarkHit(b *testing.B) {
 			warm(b, in, hot, 0)
 			warmAll(b, in, keys)
 
-			b.Run("hot", func(b *testing.B) {
-				benchHits(b, in, func(int) (string, int64) { return hot, 0 })
-			})
-			b.Run("spread10k", func(b *testing.B) {
-				benchHits(b, in, func(i int) (string, int64) {
-					i %= hitSpread
-					return keys[i], int64(i)
+			for _, cc := range hitContexts {
+				b.Run("ctx="+cc.name, func(b *testing.B) {
+					b.Run("keys=hot", func(b *testing.B) {
+						benchHits(b, in, cc.ctx, func(int) (string, int64) { return hot, 0 })
+					})
+					b.Run("keys=spread10k", func(b *testing.B) {
+						benchHits(b, in, cc.ctx, func(i int) (string, int64) {
+							i %= hitSpread
+							return keys[i], int64(i)
+						})
+					})
 				})
-			})
+			}
 		})
 	}
+}
+
+// hitContexts are the contexts a hit is measured with. A Background context
+// can never end, so a cache may run its flight inline; a cancellable one
+// (a request's context, say) obliges a cache that promises to return when
+// the caller's context ends to watch it while Redis answers.
+var hitContexts = []struct {
+	name string
+	ctx  func() (context.Context, context.CancelFunc)
+}{
+	{"background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+	{"cancellable", func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }},
 }
 
 // benchHits reads warm keys in parallel; key(i) names the i-th read's key
 // and the ID its value must have. A load or a wrong value fails the run:
 // it would no longer be a hit benchmark.
-func benchHits(b *testing.B, in instance, key func(i int) (string, int64)) {
+func benchHits(b *testing.B, in instance, newCtx func() (context.Context, context.CancelFunc), key func(i int) (string, int64)) {
 	var loads, bad atomic.Int64
 	var seq atomic.Int64
-	ctx := context.Background()
 	b.ReportAllocs()
 	b.SetParallelism(hitParallelism)
 	b.ResetTimer()
@@ -64,6 +81,10 @@ func benchHits(b *testing.B, in instance, key func(i int) (string, int64)) {
 		// Each goroutine walks the keys from its own start, so goroutines do
 		// not read the same key in lockstep.
 		i := int(seq.Add(1)) * 7919
+		// One context per goroutine, made before the loop, like a request's
+		// context shared by the reads it makes.
+		ctx, cancel := newCtx()
+		defer cancel()
 		for pb.Next() {
 			k, id := key(i)
 			i++
