@@ -261,19 +261,39 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	for i, cmd := range cmds {
 		errs[i] = cmd.Err()
 	}
-	for i, class := range c.round(b.keys, errs) {
+	classes := c.round(b.keys, errs)
+	// A stale value may wait up to the soft load timeout for its refresh:
+	// then the hits are answered concurrently, so that the batch waits that
+	// long once, not once per stale key.
+	hits := make([]*result[V], len(b.keys))
+	var wg sync.WaitGroup
+	for i, k := range b.keys {
+		if errs[i] != nil {
+			continue
+		}
+		hit := func() {
+			raw, _ := cmds[i].Bytes()
+			hits[i] = c.found(ctx, k, b.single(k), c.decode(raw, at))
+		}
+		if c.cfg.softTimeout > 0 && c.cfg.stale > 0 {
+			wg.Go(hit)
+		} else {
+			hit()
+		}
+	}
+	wg.Wait()
+	for i, class := range classes {
 		k, err := b.keys[i], errs[i]
 		switch {
 		case err == nil:
-			raw, _ := cmds[i].Bytes()
-			if r := c.found(ctx, k, b.single(k), c.decode(raw, at)); r != nil {
-				b.take(k, r)
+			if hits[i] != nil {
+				b.take(k, hits[i])
 				continue
 			}
 			if skip == nil {
 				skip = map[string][]byte{}
 			}
-			skip[k] = raw
+			skip[k], _ = cmds[i].Bytes()
 		case errors.Is(err, redis.Nil), isWrongType(err), class == errTransient:
 		case class == errFatal:
 			b.fail(k, fmt.Errorf("cache: redis: %w", err))

@@ -555,6 +555,31 @@ func TestGetOrLoadManyServesStaleAndRefreshesOneKey(t *testing.T) {
 	assert.Equal(t, int64(1), ev[EventRefresh].Load())
 }
 
+func TestGetOrLoadManyWaitsForStaleRefreshesOnce(t *testing.T) {
+	rdb, p := setup(t)
+	const soft = 100 * time.Millisecond
+	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+		WithStale(time.Minute), WithSoftLoadTimeout(soft))
+	keys := names(p, 10)
+	_, err := c.GetOrLoadMany(t.Context(), keys, (&source{}).loadMany)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // past the TTL
+
+	release := make(chan struct{})
+	slowRefresh := &source{release: release}
+	start := time.Now()
+	got, err := c.GetOrLoadMany(t.Context(), keys, slowRefresh.loadMany)
+	elapsed := time.Since(start)
+	close(release)
+	require.NoError(t, err)
+	assert.Len(t, got, 10, "the stale values")
+	require.NoError(t, c.Close())
+	assert.Len(t, slowRefresh.callKeys(), 10, "one refresh per stale key")
+	// Waiting for the refreshes one key after another would take 10 soft
+	// timeouts; a loose bound well under that.
+	assert.Less(t, elapsed, 5*soft, "stale keys must wait for their refreshes together")
+}
+
 // lostLockReplies runs pipelines and then reports a network error in place
 // of the replies to the read-or-lock script: the locks were taken, the
 // client does not know it.
