@@ -251,12 +251,24 @@ type stampedeInst struct {
 }
 
 func openStampede(addr string, ttl time.Duration) (instance, error) {
+	return openStampedeWith(addr, ttl)
+}
+
+// openStampedeWith is openStampede with more options, given after its own:
+// BenchmarkRefresh and BenchmarkStale turn features on and off with them.
+func openStampedeWith(addr string, ttl time.Duration, opts ...cache.Option) (*stampedeInst, error) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	return &stampedeInst{rdb: rdb, c: cache.New[Product](rdb, cache.WithTTL(ttl), cache.WithoutJitter())}, nil
+	opts = append([]cache.Option{cache.WithTTL(ttl), cache.WithoutJitter()}, opts...)
+	return &stampedeInst{rdb: rdb, c: cache.New[Product](rdb, opts...)}, nil
 }
 
 func (s *stampedeInst) Get(ctx context.Context, key string, load loadFunc) (Product, error) {
 	return s.c.GetOrLoad(ctx, key, load)
 }
 
-func (s *stampedeInst) Close() { _ = s.rdb.Close() }
+// Close stops the cache's background work (refreshes, the notification
+// subscription) before closing its client.
+func (s *stampedeInst) Close() {
+	_ = s.c.Close()
+	_ = s.rdb.Close()
+}
