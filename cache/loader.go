@@ -45,6 +45,8 @@ type Cache[V any] struct {
 	seed       maphash.Seed   // this process's XFetch draws
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
+	bgMu       sync.Mutex     // orders starting a refresh and Close's wait
+	closed     bool           // Close was called; guarded by bgMu
 }
 
 // New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient,

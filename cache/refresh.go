@@ -30,6 +30,12 @@ func (c *Cache[V]) refresh(ctx context.Context, key string, load func(context.Co
 	if _, running := c.refreshing.LoadOrStore(key, struct{}{}); running {
 		return nil
 	}
+	c.bgMu.Lock()
+	defer c.bgMu.Unlock()
+	if c.closed { // Close is waiting for the background work: start none
+		c.refreshing.Delete(key)
+		return nil
+	}
 	done := make(chan *result[V], 1)
 	c.bg.Go(func() {
 		defer c.refreshing.Delete(key)
