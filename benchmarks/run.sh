@@ -5,6 +5,11 @@
 #   benchmarks/run.sh            # -count 5, all benchmarks
 #   benchmarks/run.sh 10         # -count 10
 #   benchmarks/run.sh 5 -bench 'Hit'   # extra arguments go to go test
+#   ROUNDS=6 benchmarks/run.sh 1 -bench 'Refresh' -benchtime 3x
+#                                # go test -count 1 six times: every
+#                                # sub-benchmark once per round, so a
+#                                # control and what it controls see the
+#                                # same moments of a busy machine
 #
 # Files written (STAMP is the UTC start time):
 #   bench-STAMP.txt      raw go test output, the input benchstat needs
@@ -14,6 +19,7 @@
 set -euo pipefail
 
 count="${1:-5}"
+rounds="${ROUNDS:-1}"
 shift || true
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -32,7 +38,7 @@ fi
 # load average says whether something else was competing for the cores.
 {
 	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-	echo "command: go test -run '^\$' ${bench[*]} -count $count -timeout 60m ./benchmarks/"
+	echo "command: go test -run '^\$' ${bench[*]} -count $count -timeout 60m ./benchmarks/ ($rounds time(s))"
 	echo "go: $(go version)"
 	echo "redis-server: $(redis-server --version)"
 	echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
@@ -41,7 +47,13 @@ fi
 	echo "loadavg-before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$meta"
 
-go test -run '^$' "${bench[@]}" -count "$count" -timeout 60m ./benchmarks/ | tee "$raw"
+: >"$raw"
+for r in $(seq "$rounds"); do
+	if [ "$rounds" -gt 1 ]; then
+		echo "loadavg-round$r: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$meta"
+	fi
+	go test -run '^$' "${bench[@]}" -count "$count" -timeout 60m ./benchmarks/ | tee -a "$raw"
+done
 
 echo "loadavg-after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$meta"
 
