@@ -7,7 +7,10 @@ package cache
 
 import (
 	"context"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 )
 
 // merged runs fn as the flight of key, or waits for the flight already
@@ -18,17 +21,32 @@ func (c *Cache[V]) merged(ctx context.Context, key string, fn func() (any, error
 		v, err, _ := c.group.Do(key, fn)
 		return v, err
 	}
-	ch := make(chan outcome, 1)
-	flights.run(func() {
-		v, err, _ := c.group.Do(key, fn)
-		ch <- outcome{v, err}
-	})
+	cl := calls.Get().(*call)
+	cl.group, cl.key, cl.fn = &c.group, key, fn
+	flights.run(cl)
 	select {
-	case o := <-ch:
+	case o := <-cl.done:
+		*cl = call{done: cl.done} // the worker is done with it: reuse it
+		calls.Put(cl)
 		return o.v, o.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, ctx.Err() // the worker will still send to cl: never reuse it
 	}
+}
+
+// call is one caller's wait for a flight, run by a worker.
+type call struct {
+	group *singleflight.Group
+	key   string
+	fn    func() (any, error)
+	done  chan outcome // buffered: the worker never blocks on a caller that left
+}
+
+var calls = sync.Pool{New: func() any { return &call{done: make(chan outcome, 1)} }}
+
+func (cl *call) run() {
+	v, err, _ := cl.group.Do(cl.key, cl.fn)
+	cl.done <- outcome{v, err} // the last use of cl by the worker
 }
 
 type outcome struct {
@@ -40,30 +58,30 @@ type outcome struct {
 // that a process at rest runs none (and leak checkers find none).
 var workerIdle = 200 * time.Millisecond
 
-// workers runs jobs on reused goroutines; it is safe for concurrent use.
-// Each worker ends after workerIdle without a job.
-type workers struct{ jobs chan func() }
+// workers runs calls on reused goroutines; it is safe for concurrent use.
+// Each worker ends after workerIdle without a call.
+type workers struct{ jobs chan *call }
 
 // flights runs the flights of every Cache in the process.
-var flights = workers{jobs: make(chan func())}
+var flights = workers{jobs: make(chan *call)}
 
-// run hands job to an idle worker, or to a new one.
-func (w workers) run(job func()) {
+// run hands cl to an idle worker, or to a new one.
+func (w workers) run(cl *call) {
 	select {
-	case w.jobs <- job:
+	case w.jobs <- cl:
 	default:
-		go w.work(job)
+		go w.work(cl)
 	}
 }
 
-func (w workers) work(job func()) {
+func (w workers) work(cl *call) {
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		job()
+		cl.run()
 		idle.Reset(workerIdle)
 		select {
-		case job = <-w.jobs:
+		case cl = <-w.jobs:
 		case <-idle.C:
 			return
 		}
