@@ -38,12 +38,19 @@ const refreshSlow = 10 * time.Millisecond
 
 // refreshOp is how long one op of BenchmarkRefresh lasts: one TTL, or one
 // second for the control TTL of an hour.
-func refreshOp(ttl time.Duration) time.Duration { return min(ttl, time.Second) }
+func refreshOp(ttl time.Duration) time.Duration {
+	if ttl >= time.Hour {
+		return time.Second
+	}
+	return ttl
+}
 
 // BenchmarkRefresh runs with -benchtime Nx (N TTLs per sample); the default
 // benchtime gives one TTL per sample, which is too few to count loads.
 // Metrics are per op, that is per TTL (per second for ttl=1h0m0s):
-// loads/op (loader calls completed), misses/op (EventMiss: a read that
+// loads/op (loader calls completed), loads/ttl and load-interval-ms (the
+// same from the mean interval between completed loads, exact where the
+// count in a few TTLs is not), misses/op (EventMiss: a read that
 // found the value absent or expired, and so waited for a load), slow/op
 // (reads over refreshSlow), and the latency of every read in the window.
 func BenchmarkRefresh(b *testing.B) {
@@ -97,7 +104,21 @@ func benchRefresh(b *testing.B, addr string, ttl time.Duration, beta float64, in
 	}
 
 	var loads, errs atomic.Int64
-	load := loader(7, stampedeLoad, &loads)
+	// Completions of loads inside the window, timed: with few loads per
+	// window the count alone is coarse (3 or 4 in 3 TTLs, depending on
+	// where the window starts), the interval between them is not.
+	var doneMu sync.Mutex
+	var done []time.Time
+	counted := loader(7, stampedeLoad, &loads)
+	load := func(ctx context.Context) (Product, error) {
+		v, err := counted(ctx)
+		if err == nil && recording.Load() {
+			doneMu.Lock()
+			done = append(done, time.Now())
+			doneMu.Unlock()
+		}
+		return v, err
+	}
 	lats := make([][]time.Duration, inst*g) // one slice per reader: no lock on the hot path
 	var wg sync.WaitGroup
 	for k, in := range ins {
@@ -150,6 +171,16 @@ func benchRefresh(b *testing.B, addr string, ttl time.Duration, beta float64, in
 	}
 	n := float64(b.N)
 	b.ReportMetric(float64(l1-l0)/n, "loads/op")
+	doneMu.Lock()
+	if k := len(done); k >= 2 && ttl < time.Hour {
+		// loads per TTL from the mean interval between completed loads:
+		// 1 when each value is reloaded exactly once per TTL, more when
+		// refreshes come early or twice.
+		span := done[k-1].Sub(done[0])
+		b.ReportMetric(float64(k-1)*float64(ttl)/float64(span), "loads/ttl")
+		b.ReportMetric(float64(span)/float64(k-1)/float64(time.Millisecond), "load-interval-ms")
+	}
+	doneMu.Unlock()
 	b.ReportMetric(float64(misses.Load())/n, "misses/op")
 	b.ReportMetric(float64(slow)/n, "slow/op")
 	b.ReportMetric(float64(len(lat))/n, "reads/op")
