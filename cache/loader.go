@@ -419,8 +419,8 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 	case ageFresh:
 	case ageRefresh:
 		c.refresh(ctx, key, load, r)
-	case ageStale:
-		return c.serveStale(ctx, key, load, r, r.throttled)
+	case ageStale: // a value kept after a failed refresh is retried once its throttle ends
+		return c.serveStale(ctx, key, load, r, r.throttled && r.at.Before(r.fresh.expiry))
 	default:
 		return nil
 	}
