@@ -29,9 +29,12 @@ import (
 //     answers late, and the attempt has failed: it is retried as
 //     [WithLockRetry] says (default: no retry; use a jittered strategy such
 //     as [ExponentialBackoff], so that clients that split the votes do not
-//     split them again). When no attempt succeeds the
-//     error is [ErrLockNotAcquired], joined with ctx.Err() if ctx ended and
-//     with the last attempt's Redis errors, each wrapped as
+//     split them again). A retry asks a master only once the previous
+//     attempt's request and release there have ended (until then that
+//     master counts as not answering), so that a release meant for a failed
+//     attempt cannot delete the key of a later one. When no attempt succeeds
+//     the error is [ErrLockNotAcquired], joined with ctx.Err() if ctx ended
+//     and with the last attempt's Redis errors, each wrapped as
 //     "cache: redis: master i: ...".
 //
 // The returned [Lock] works as one from [Obtain]: Refresh extends the lease
@@ -82,7 +85,9 @@ func ObtainQuorum(ctx context.Context, masters []redis.Scripter, key string, ttl
 	}
 	l := newLock(slices.Clone(masters), len(masters)/2+1, cfg, key, ttl)
 	l.redlock = true
-	if err := l.obtain(ctx, cfg.retry, l.tryQuorum, true); err != nil {
+	busy := make([]chan struct{}, len(masters))
+	try := func(ctx context.Context, _ bool) (bool, error) { return l.tryQuorum(ctx, busy) }
+	if err := l.obtain(ctx, cfg.retry, try, true); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -105,7 +110,16 @@ var errNoAnswer = errors.New("no answer within the quorum wait")
 // and runs after with its master's real answer and whether it came too late
 // to be counted, to clean up. The caller must call finish once it has
 // decided.
+//
+// With busy (one entry per master, nil or a channel), the call on master i
+// waits until busy[i] is closed, and busy[i] is replaced by a channel that is
+// closed once this round's goroutine for master i has ended, after included;
+// a master still busy at the deadline is not asked and counts as not
+// answering. The rounds of one ObtainQuorum share busy, so that an attempt
+// never asks a master while the previous attempt's call or clean-up there is
+// still running (see tryQuorum).
 func (l *Lock) round(ctx context.Context, deadline time.Time,
+	busy []chan struct{},
 	call func(context.Context, redis.Scripter) (int64, error),
 	settled func(yes, no int) bool,
 	after func(i int, a answer, late bool),
@@ -119,7 +133,23 @@ func (l *Lock) round(ctx context.Context, deadline time.Time,
 	replies := make(chan reply, len(l.masters)) // never blocks a sender
 	counted := make([]bool, len(l.masters))     // written before over is closed
 	for i, m := range l.masters {
+		var prev, done chan struct{}
+		if busy != nil {
+			prev, done = busy[i], make(chan struct{})
+			busy[i] = done
+		}
 		go func() {
+			if done != nil {
+				defer close(done)
+			}
+			if prev != nil {
+				select {
+				case <-prev:
+				case <-rctx.Done():
+					<-prev // keep the chain: done closes after prev
+					return
+				}
+			}
 			n, err := call(rctx, m)
 			replies <- reply{i, answer{n, err}}
 			if after != nil {
@@ -158,7 +188,17 @@ wait:
 }
 
 // tryQuorum is one attempt of the Redlock algorithm (see [ObtainQuorum]).
-func (l *Lock) tryQuorum(ctx context.Context, _ bool) (bool, error) {
+//
+// Every attempt of one ObtainQuorum sends the same value, so a master cannot
+// tell them apart: the release that cleans up after a failed attempt (a grant
+// it did not count, or any grant once it failed) would delete the key just as
+// well if a later attempt had counted it in the meantime, either by setting
+// it again or by finding it "already ours". That later attempt would then
+// believe it holds a majority that it does not, and a second client could
+// take the lock on the masters it lost. busy (shared by the attempts, see
+// round) prevents this: an attempt asks a master only once the previous
+// attempt's call and clean-up on that master have ended.
+func (l *Lock) tryQuorum(ctx context.Context, busy []chan struct{}) (bool, error) {
 	ttl := l.lease()
 	ms := leaseMillis(ttl)
 	start := time.Now()
@@ -169,7 +209,7 @@ func (l *Lock) tryQuorum(ctx context.Context, _ bool) (bool, error) {
 	}
 	keys := []string{l.key}
 	won := false // written before finish, read by after
-	answers, finish := l.round(ctx, deadline,
+	answers, finish := l.round(ctx, deadline, busy,
 		func(ctx context.Context, m redis.Scripter) (int64, error) {
 			return lockObtainScript.Run(ctx, m, keys, l.value, l.tokenLen, ms).Int64()
 		},
@@ -214,7 +254,7 @@ func (l *Lock) releaseOn(ctx context.Context, m redis.Scripter) {
 
 func (l *Lock) releaseQuorum(ctx context.Context) error {
 	keys := []string{l.key}
-	answers, finish := l.round(ctx, time.Now().Add(l.wait),
+	answers, finish := l.round(ctx, time.Now().Add(l.wait), nil,
 		func(ctx context.Context, m redis.Scripter) (int64, error) {
 			return lockReleaseScript.Run(ctx, m, keys, l.value).Int64()
 		}, nil, nil)
@@ -236,7 +276,7 @@ func (l *Lock) refreshQuorum(ctx context.Context, start time.Time, ttl time.Dura
 	if validUntil.Before(deadline) {
 		deadline = validUntil
 	}
-	answers, finish := l.round(ctx, deadline,
+	answers, finish := l.round(ctx, deadline, nil,
 		func(ctx context.Context, m redis.Scripter) (int64, error) {
 			return lockRefreshScript.Run(ctx, m, keys, l.value, ms).Int64()
 		}, nil, nil)
@@ -256,7 +296,7 @@ func (l *Lock) refreshQuorum(ctx context.Context, start time.Time, ttl time.Dura
 
 func (l *Lock) ttlQuorum(ctx context.Context) (time.Duration, error) {
 	keys := []string{l.key}
-	answers, finish := l.round(ctx, time.Now().Add(l.wait),
+	answers, finish := l.round(ctx, time.Now().Add(l.wait), nil,
 		func(ctx context.Context, m redis.Scripter) (int64, error) {
 			return lockPTTLScript.Run(ctx, m, keys, l.value).Int64()
 		}, nil, nil)

@@ -354,6 +354,77 @@ func TestRedlockMutualExclusion(t *testing.T) {
 	assert.Equal(t, int64(workers), done.Load())
 }
 
+// heldRelease holds back the first release script sent through a client
+// until gate is closed: the clean-up of a failed attempt that reaches a
+// master late.
+type heldRelease struct {
+	gate chan struct{}
+	held *atomic.Bool  // the first release was caught
+	ran  *atomic.Int64 // releases that reached Redis
+}
+
+func (h heldRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h heldRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 1 && (args[1] == lockReleaseScript.Hash() || args[1] == lockReleaseLua) {
+			if h.held.CompareAndSwap(false, true) {
+				<-h.gate
+			}
+			defer h.ran.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h heldRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRedlockStaleReleaseAfterRetry: the first attempt fails holding masters
+// 0 and 1, and its release on master 0 is slow. The retry must not count
+// master 0 (where the key still holds the same value, "already ours") before
+// that release has run, or the release deletes the key of the lock it
+// returned: it would hold two masters, not three, and a second client could
+// take the lock on the other three.
+func TestRedlockStaleReleaseAfterRetry(t *testing.T) {
+	q := newQuorumSet(t)
+	rel := heldRelease{gate: make(chan struct{}), held: new(atomic.Bool), ran: new(atomic.Int64)}
+	q.clients[0].AddHook(rel)
+	var openGate sync.Once
+	open := func() { openGate.Do(func() { close(rel.gate) }) }
+	defer open()
+	for _, i := range []int{2, 3, 4} {
+		require.NoError(t, q.clients[i].Set(t.Context(), "job", "other", time.Minute).Err())
+	}
+	retry := RetryFunc(func(n int) (time.Duration, bool) {
+		switch n {
+		case 1: // the other holder leaves master 2: the retry can get 0, 1 and 2
+			_ = q.clients[2].Del(context.Background(), "job").Err()
+		case 2: // the stale release lands
+			open()
+		}
+		return 10 * time.Millisecond, n <= 5
+	})
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", 10*time.Second,
+		WithQuorumWait(200*time.Millisecond), WithLockRetry(retry))
+	require.NoError(t, err)
+	require.True(t, rel.held.Load(), "the failed attempt's release on master 0 must have been held back")
+	open()
+	require.Eventually(t, func() bool { return rel.ran.Load() >= 1 }, 5*time.Second, time.Millisecond, "the held release must run")
+
+	assert.Equal(t, 3, q.holding("job", l.Token(), all5...), "the lock must still hold the three masters it counted")
+	for _, i := range []int{3, 4} { // the other holder leaves: only a lock that lost a master can be taken again
+		require.NoError(t, q.clients[i].Del(t.Context(), "job").Err())
+	}
+	if other, err := ObtainQuorum(t.Context(), q.masters, "job", 10*time.Second); err == nil {
+		t.Error("a second client obtained the lock while the first held it")
+		_ = other.Release(t.Context())
+	} else {
+		assert.ErrorIs(t, err, ErrLockNotAcquired)
+	}
+	assert.NoError(t, l.Release(t.Context()))
+}
+
 func TestObtainQuorumBadInput(t *testing.T) {
 	q := []redis.Scripter{redis.NewClient(&redis.Options{Addr: nowhere(t)})}
 	defer q[0].(*redis.Client).Close()
