@@ -35,6 +35,9 @@ meta="$out/hit-meta-$stamp.txt"
 	echo "before: $(git rev-parse "$rev") -test.bench 'Hit/(raw|stampede)/' -test.count $count"
 	echo "after: $(git rev-parse HEAD) + working tree of benchmarks/ -test.bench 'Hit/impl=(raw|stampede)/' -test.count $count"
 	echo "rounds: $rounds (before, after, before, after, ...)"
+	# The after binary is built from the working tree: name what in it was
+	# not committed (others' edits in progress included).
+	echo "after-uncommitted: $(git status --porcelain --untracked-files=no | tr '\n' ' ')"
 	echo "go: $(go version)"
 	echo "redis-server: $(redis-server --version)"
 	echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"

@@ -77,6 +77,7 @@ func benchHits(b *testing.B, in instance, newCtx func() (context.Context, contex
 	b.ReportAllocs()
 	b.SetParallelism(hitParallelism)
 	b.ResetTimer()
+	cpu0, cpuOK := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		// Each goroutine walks the keys from its own start, so goroutines do
 		// not read the same key in lockstep.
@@ -94,7 +95,13 @@ func benchHits(b *testing.B, in instance, newCtx func() (context.Context, contex
 			}
 		}
 	})
+	cpu1, _ := processCPU()
 	b.StopTimer()
+	if cpuOK {
+		// The client's CPU per hit: on a machine shared with other work,
+		// wall time per op swings with their load, CPU time much less.
+		b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
+	}
 	if n, m := loads.Load(), bad.Load(); n != 0 || m != 0 {
 		b.Fatalf("%d loads and %d errors or wrong values during a hit benchmark", n, m)
 	}

@@ -44,6 +44,9 @@ fi
 	echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 	echo "cores: $(nproc)"
 	echo "kernel: $(uname -sr)"
+	echo "commit: $(git rev-parse HEAD)"
+	# go test builds the working tree: name what in it was not committed.
+	echo "uncommitted: $(git status --porcelain --untracked-files=no | tr '\n' ' ')"
 	echo "loadavg-before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$meta"
 
