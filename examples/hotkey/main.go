@@ -26,7 +26,7 @@ type config struct {
 	Instances   int           // service instances, each with its own Redis client and cache
 	Goroutines  int           // request goroutines per instance
 	Duration    time.Duration // traffic per strategy, at least
-	MinExpiries int           // traffic goes on past Duration until the hot key has been missing this many times...
+	MinExpiries int           // stampede's traffic goes on past Duration until the hot key has been missing this many times...
 	MaxDuration time.Duration // ...but no longer than this
 	TTL         time.Duration // TTL of the hot key
 	LoadDelay   time.Duration // added to every database load: a heavy query
@@ -47,7 +47,7 @@ func main() {
 	flag.IntVar(&cfg.Instances, "instances", 4, "service instances (each with its own Redis client, cache and MongoDB client)")
 	flag.IntVar(&cfg.Goroutines, "goroutines", 32, "request goroutines per instance")
 	flag.DurationVar(&cfg.Duration, "duration", 8*time.Second, "traffic per strategy, at least")
-	flag.IntVar(&cfg.MinExpiries, "min-expiries", 2, "after -duration, go on until the hot key has been missing `N` times (the cold start counts)")
+	flag.IntVar(&cfg.MinExpiries, "min-expiries", 2, "after -duration, run the stampede strategy on until the hot key has been missing `N` times (the cold start counts)")
 	flag.DurationVar(&cfg.MaxDuration, "max-duration", 0, "traffic per strategy, at most, while waiting for -min-expiries (default 10 x -duration)")
 	flag.DurationVar(&cfg.TTL, "ttl", time.Second, "TTL of the hot key (short, so it expires several times per run)")
 	flag.DurationVar(&cfg.LoadDelay, "load-delay", 100*time.Millisecond, "delay added to every database load, modelling a heavy query")
