@@ -190,14 +190,21 @@ func (v valuesOf) Value(key any) any { return v.values.Value(key) }
 
 // value hands a flight's result to one caller.
 func (c *Cache[V]) value(r *result[V]) (V, error) {
-	var v V
 	if r.notFound != nil {
-		return v, r.notFound
+		var zero V
+		return zero, r.notFound
 	}
 	if r.hasV && !r.taken.Swap(true) {
 		return r.v, nil
 	}
-	if err := c.cfg.codec.Unmarshal(r.data, &v); err != nil {
+	return c.decodeCopy(r.data)
+}
+
+// decodeCopy decodes a caller's own copy (its v escapes to the codec; kept
+// out of value so that a caller handed the decoded value allocates none).
+func (c *Cache[V]) decodeCopy(data []byte) (V, error) {
+	var v V
+	if err := c.cfg.codec.Unmarshal(data, &v); err != nil {
 		return v, fmt.Errorf("cache: decode value: %w", err)
 	}
 	return v, nil
@@ -414,8 +421,7 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 	if r == nil {
 		return nil
 	}
-	draw := func() float64 { return drawFor(c.seed, r.head) }
-	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, draw) { // r.at is a moment ago: no clock read on a hit
+	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, &c.seed, r.head) { // r.at is a moment ago: no clock read on a hit
 	case ageFresh:
 	case ageRefresh:
 		c.refresh(ctx, key, load, r)

@@ -25,9 +25,10 @@ const (
 // its expiry is the end of the throttle, before which nobody retries.
 const flagThrottled byte = 1 << 5
 
-// ageOf classifies a record read at now; draw is this process's XFetch
-// draw for the record, in (0, 1].
-func (c *config) ageOf(f freshness, throttled bool, now time.Time, draw func() float64) age {
+// ageOf classifies a record read at now. seed is this process's for XFetch
+// draws (see drawFor), nil for a read that never refreshes; head is the
+// record up to its payload.
+func (c *config) ageOf(f freshness, throttled bool, now time.Time, seed *maphash.Seed, head []byte) age {
 	if f.expiry.IsZero() {
 		return ageFresh // written without metadata: Redis's expiry is its TTL
 	}
@@ -35,7 +36,7 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time, draw func() f
 		switch {
 		case throttled:
 			return ageStale
-		case c.beta > 0 && c.xfetch(f, now, draw):
+		case c.beta > 0 && seed != nil && c.xfetch(f, now, *seed, head):
 			return ageRefresh
 		}
 		return ageFresh
@@ -56,13 +57,13 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time, draw func() f
 // largest of many draws grows with the read rate), so each process draws
 // once per stored value: the earliest of the processes' draws triggers the
 // refresh, about ln(processes)+0.6 load durations before expiry.
-func (c *config) xfetch(f freshness, now time.Time, draw func() float64) bool {
+func (c *config) xfetch(f freshness, now time.Time, seed maphash.Seed, head []byte) bool {
 	left := float64(f.expiry.Sub(now))
 	scale := float64(f.load) * c.beta
 	if left > 45*scale { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
 		return false
 	}
-	return scale*-math.Log(draw()) >= left
+	return scale*-math.Log(drawFor(seed, head)) >= left
 }
 
 // drawFor returns this process's XFetch draw for the record whose header and
