@@ -327,6 +327,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 
 	lk := newLoadLock(key)
 	var waitStart time.Time
+	var transient error // the last transient reply, named if the timeout ends its wait
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
 		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
@@ -347,6 +348,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 				c.cfg.emit(EventLockContended, key, 0, nil)
 			}
 		case errTransient: // a slot migrating, a failover: wait it out like a held lock
+			transient = err
 			if !c.cfg.retry.wait(ctx, attempt) { // no longer transient: say what it was
 				return nil, fmt.Errorf("cache: redis: still failing after %d retries: %w", attempt-1, err)
 			}
@@ -359,6 +361,9 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			// the wait before the failure policy applies. The goroutine ends
 			// with the release, which is bounded like every commit and release.
 			go c.release(ctx, key, lk)
+			if transient != nil && ctx.Err() != nil { // the load timeout ended a transient wait: name both
+				return nil, fmt.Errorf("cache: redis: still failing when the load timeout ended: %w", errors.Join(transient, err))
+			}
 			return c.redisFailed(ctx, key, err, load)
 		}
 		if attempt <= c.cfg.retry.max {
@@ -610,7 +615,7 @@ func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load 
 	c.cfg.emit(EventLoad, key, time.Since(began), err)
 	r, err := c.outcome(key, v, err)
 	if r != nil {
-		r.at = time.Now() // from the source itself, after every caller of the flight joined
+		r.at = began // read from the source after this: a caller that joined later asks again
 	}
 	return r, err
 }

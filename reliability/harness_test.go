@@ -45,15 +45,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// skipUntilFixed skips a test that proves a bug of issue 8 whose fix is not
-// on main yet, unless STAMPEDE_SHOW_BUGS is set: run with it to see the bug.
-func skipUntilFixed(t *testing.T, item string) {
-	t.Helper()
-	if os.Getenv("STAMPEDE_SHOW_BUGS") == "" {
-		t.Skipf("issue 8 item %s not fixed on main yet; STAMPEDE_SHOW_BUGS=1 shows the bug", item)
-	}
-}
-
 // newClient returns a standalone client of addr, closed when the test ends.
 // Tests that inject faults shorten the timeouts so a stalled link is noticed
 // within the test's loose time bounds.

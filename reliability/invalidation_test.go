@@ -461,7 +461,6 @@ func TestUncachedNotFoundIsAnsweredOnce(t *testing.T) {
 // begins after Delete returned must not get the value A's loader read
 // before the change, even though that value never reached Redis.
 func TestDeleteWhileAnInstanceLoadsWithoutRedis(t *testing.T) {
-	skipUntilFixed(t, "1 (FailOpen, found by this suite)")
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)

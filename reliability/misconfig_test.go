@@ -235,7 +235,6 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 // READONLY. The cache waits READONLY out as a failover in progress, which is
 // fair, but when it gives up the caller must learn why.
 func TestClientOnAReplicaNamesREADONLY(t *testing.T) {
-	skipUntilFixed(t, "6 (READONLY: on a20e49d the error still says only \"context deadline exceeded\" in about half the runs; found by this suite)")
 	ctx := context.Background()
 	primary := redistest.NewServer(t, "--repl-diskless-sync-delay", "0") // the replica syncs at once
 	replica := redistest.NewServer(t)
