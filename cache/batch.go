@@ -251,7 +251,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	c := b.c
 	at := time.Now()
 	cmds := make([]*redis.StringCmd, len(b.keys))
-	_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, perr := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range b.keys {
 			cmds[i] = p.Get(ctx, k)
 		}
@@ -260,6 +260,9 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	errs := make([]error, len(cmds))
 	for i, cmd := range cmds {
 		errs[i] = cmd.Err()
+		if errs[i] == nil && cmd.Val() == "" && perr != nil {
+			errs[i] = perr // go-redis before v9.7 leaves the commands of a pipeline it could not send untouched
+		}
 	}
 	classes := c.round(b.keys, errs)
 	// A stale value may wait up to the soft load timeout for its refresh:
@@ -664,7 +667,7 @@ func (c *Cache[V]) evalMany(ctx context.Context, script *redis.Script, src strin
 		return cmds
 	}
 	send := func(idx []int, eval bool) {
-		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		_, perr := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range idx {
 				r := refs[i]
 				if eval {
@@ -675,6 +678,11 @@ func (c *Cache[V]) evalMany(ctx context.Context, script *redis.Script, src strin
 			}
 			return nil
 		})
+		for _, i := range idx {
+			if cmds[i].Err() == nil && cmds[i].Val() == nil && perr != nil {
+				cmds[i].SetErr(perr) // as in read: a pipeline go-redis could not send
+			}
+		}
 	}
 	noScript := func() (idx []int, scripts map[*scriptRun]bool) {
 		scripts = map[*scriptRun]bool{}

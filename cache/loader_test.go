@@ -578,7 +578,10 @@ func TestGetOrLoadRedisDown(t *testing.T) {
 			require.NoError(t, errs[i])
 			assert.Equal(t, "p1", vals[i].ID)
 		}
-		assert.Equal(t, int64(1), src.calls.Load(), "in-process callers must still be merged")
+		// One load for the callers that joined before it began; those that
+		// joined while it ran may have begun after a Delete elsewhere, so they
+		// share one more (see TestDeleteWhileAnInstanceLoadsWithoutRedis).
+		assert.LessOrEqual(t, src.calls.Load(), int64(2), "in-process callers must still be merged")
 	})
 	t.Run("fail closed returns the Redis error", func(t *testing.T) {
 		c := New[product](dead, WithFailurePolicy(FailClosed))
