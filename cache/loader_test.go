@@ -166,7 +166,7 @@ func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
 	key := p + "slow"
 	// Not much shorter: on a loaded 2-core CI machine a refresh can be late by
 	// tens of milliseconds, and a lease that short is lost for real.
-	const lockTTL = 300 * time.Millisecond
+	const lockTTL = 600 * time.Millisecond
 	holder := New[product](rdb, WithLockTTL(lockTTL))
 	waiter := New[product](redistest.Client(t, redistest.Addr(t)), WithLockTTL(lockTTL), WithRetry(100, 20*time.Millisecond))
 

@@ -29,7 +29,7 @@ func newQuorumSet(t *testing.T) *quorumSet {
 	t.Helper()
 	q := &quorumSet{}
 	for range 5 {
-		s := redistest.NewServer(t)
+		s := redistest.PrivateServer(t, "Redlock needs five masters it can kill and freeze")
 		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 500 * time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
 		q.servers = append(q.servers, s)
