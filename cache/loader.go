@@ -328,6 +328,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	lk := newLoadLock(key)
 	var waitStart time.Time
 	var transient error // the last transient reply, named if the timeout ends its wait
+	var subscribed bool // a wait has returned early to re-read after subscribing
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
 		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
@@ -370,8 +371,9 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			began := time.Now()
 			if c.notify.wait(ctx, key, c.cfg.retry.backoff) {
 				c.cfg.emit(EventWoken, key, 0, nil)
-			} else if time.Since(began) < c.cfg.retry.backoff/2 && ctx.Err() == nil {
-				attempt-- // the wait only subscribed, so that the next read misses no commit: not a retry
+			} else if !subscribed && time.Since(began) < c.cfg.retry.backoff/2 && ctx.Err() == nil {
+				attempt--         // the wait only subscribed, so that the next read misses no commit: not a retry
+				subscribed = true // once: any other early return counts, so a flight can never spin
 			}
 		}
 		if attempt > c.cfg.retry.max || ctx.Err() != nil {

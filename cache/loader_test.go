@@ -168,7 +168,7 @@ func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
 	// tens of milliseconds, and a lease that short is lost for real.
 	const lockTTL = 600 * time.Millisecond
 	holder := New[product](rdb, WithLockTTL(lockTTL))
-	waiter := New[product](redistest.Client(t, redistest.Addr(t)), WithLockTTL(lockTTL), WithRetry(100, 20*time.Millisecond))
+	waiter := New[product](redistest.Client(t, redistest.Addr(t)), WithLockTTL(lockTTL), WithRetry(300, 20*time.Millisecond))
 
 	src := &counter{delay: 4 * lockTTL}
 	done := make(chan error, 1)
