@@ -322,7 +322,9 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, err, load)
 	}
 	c.cfg.emit(EventMiss, key, 0, nil)
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.loadTimeout) // the miss path's own
+	// The miss path's own deadline, a whole load timeout from here: the
+	// shared one of the GET may be nearly spent.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 	defer cancel()
 
 	lk := newLoadLock(key)

@@ -424,12 +424,17 @@ func TestGetOrLoadLoadTimeoutAbandonsALoaderThatIgnoresIt(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
 	c := New[product](rdb, WithLoadTimeout(200*time.Millisecond))
-	stuck := make(chan struct{})
-	var returned sync.WaitGroup
-	returned.Add(1)
-	t.Cleanup(func() { close(stuck); returned.Wait() }) // let it end before the leak check
+	stuck, returned := make(chan struct{}), make(chan struct{})
+	var started atomic.Bool
+	t.Cleanup(func() { // let it end before the leak check
+		close(stuck)
+		if started.Load() {
+			<-returned
+		}
+	})
 	ignoring := func(context.Context) (product, error) {
-		defer returned.Done()
+		started.Store(true)
+		defer close(returned)
 		<-stuck // ignores its context
 		return product{ID: "late"}, nil
 	}
@@ -437,6 +442,7 @@ func TestGetOrLoadLoadTimeoutAbandonsALoaderThatIgnoresIt(t *testing.T) {
 	start := time.Now()
 	_, err := c.GetOrLoad(t.Context(), key, ignoring) // no deadline of its own
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	require.True(t, started.Load(), "the loader must have been called")
 	assert.Less(t, time.Since(start), 3*time.Second, "the load timeout must end the flight")
 	assert.Zero(t, rdb.Exists(t.Context(), key, LockKey(key)).Val(), "the lock must be released, nothing stored")
 
