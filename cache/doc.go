@@ -111,8 +111,8 @@
 // WRONGPASS, NOPERM, an unknown command, a cluster reply to a plain client)
 // are returned under every policy; transient cluster states (TRYAGAIN, a
 // migrating slot, CLUSTERDOWN, LOADING) are waited out within the retry
-// budget. Each flight is bounded by the load timeout. Errors the cache
-// absorbs go to [WithErrorHook].
+// budget. A flight's GET, and then its miss path, are each bounded by the
+// load timeout. Errors the cache absorbs go to [WithErrorHook].
 //
 // A Cache is safe for concurrent use by many goroutines. [Obtain], [Do],
 // [Lock.Hold] and [ObtainQuorum] offer the same lock on its own, for jobs
