@@ -144,6 +144,21 @@ func (l *Lock) obtain(ctx context.Context, retry RetryStrategy, try func(context
 	}
 }
 
+// ctxEnded reports whether ctx has ended, or is about to: a connection
+// deadline taken from ctx (ContextTimeoutEnabled) can fire a moment before
+// ctx's own timer, and then the call's error is only an i/o timeout. It
+// waits for that moment, so that ctx.Err() is set when it returns true.
+func ctxEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		<-ctx.Done()
+		return true
+	}
+	return false
+}
+
 // sleep waits d or until ctx ends; it reports whether ctx is still alive.
 func sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
@@ -170,7 +185,7 @@ func (l *Lock) tryOne(ctx context.Context, giveBack bool) (bool, error) {
 		if giveBack && !isReply(err) {
 			l.releaseLater(ctx, l.masters[0])
 		}
-		if ctx.Err() != nil {
+		if ctxEnded(ctx) {
 			return false, notAcquired(ctx)
 		}
 		return false, lockRedisErr(err)
