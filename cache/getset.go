@@ -51,7 +51,7 @@ func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 		return zero, ErrCacheMiss
 	}
 	if r.notFound == nil {
-		switch c.cfg.ageOf(r.fresh, r.throttled, at, nil, nil) { // Get never refreshes
+		switch c.cfg.ageOf(r.fresh, r.throttled, at, nil) { // Get never refreshes
 		case ageExpired:
 			return zero, ErrCacheMiss
 		case ageStale:

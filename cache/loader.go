@@ -8,7 +8,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
@@ -42,7 +41,6 @@ type Cache[V any] struct {
 	brk      breaker
 	notify   *notifier // wakes waiters; nil: they poll
 
-	seed       maphash.Seed   // this process's XFetch draws
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
 	bgMu       sync.Mutex     // orders starting a refresh and Close's wait
@@ -56,7 +54,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	if rdb == nil {
 		panic("cache: New: nil Redis client")
 	}
-	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts), seed: maphash.MakeSeed()}
+	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.brk.threshold, c.brk.coolDown = int32(c.cfg.breaker.failures), c.cfg.breaker.coolDown
 	c.notify = newNotifier(rdb)
@@ -430,7 +428,7 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 	if r == nil {
 		return nil
 	}
-	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, &c.seed, r.head) { // r.at is a moment ago: no clock read on a hit
+	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
 	case ageFresh:
 	case ageRefresh:
 		c.refresh(ctx, key, load, r)

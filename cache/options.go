@@ -234,19 +234,26 @@ func WithErrorHook(fn func(key string, err error)) Option {
 }
 
 // WithEarlyRefresh sets how eagerly a hit refreshes its value before the TTL
-// ends, so that a hot key never expires in front of its callers. Each hit
-// refreshes in the background with the probability of XFetch (Vattani,
-// Chierichetti and Lowenstein, VLDB 2015): when now - load*beta*ln(rand) is
-// past the expiry, where load is how long the value took to load. The
-// refresh takes the key's load lock and commits fenced like a load, so it
-// runs once per key across processes; callers keep getting the current
-// value meanwhile, and a value whose refresh is late is still served for a
-// grace of three load durations past its TTL (longer with [WithStale]).
-// Default: 1 ([DefaultEarlyRefresh]), the paper's optimum: with n processes
-// reading the key, the refresh starts about ln(n)+0.6 load durations before
-// expiry, adding almost no loads to a hot key (about one per TTL, as
-// without it) and none to cold keys, which see no hit near their expiry. Larger beta refreshes earlier; 0 turns it off. beta must
-// be in [0, 100].
+// ends, so that a hot key never expires in front of its callers. A hit
+// refreshes in the background once now is within load*max(1, beta*-ln(u))
+// of the expiry, where load is how long the value took to load and u is
+// uniform in (0, 1]: XFetch (Vattani, Chierichetti and Lowenstein, VLDB
+// 2015) with one draw per stored value shared by all processes, and a floor
+// of one load duration so that the refresh normally ends before the TTL
+// does. The refresh takes the key's load lock and commits fenced like a
+// load, so it runs once per key across processes; callers keep getting the
+// current value meanwhile, and a value whose refresh is late is still
+// served for a grace of three load durations past its TTL (longer with
+// [WithStale]). A process whose refresh found the lock taken does not try
+// again for a retry backoff; one whose refresh failed, for the stale
+// throttle ([WithStaleThrottle]).
+//
+// Default: 1 ([DefaultEarlyRefresh]), the paper's optimum: the refresh
+// starts on average about 1.4 load durations before expiry, however many
+// processes read the key, so a hot key is loaded about once per TTL (1.03
+// times at a TTL of 12 load durations) and cold keys, which see no hit near
+// their expiry, never. Larger beta refreshes earlier; 0 turns it off. beta
+// must be in [0, 100].
 func WithEarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta } }
 
 // WithStale keeps values in Redis for d past their TTL and serves them

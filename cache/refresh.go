@@ -38,7 +38,6 @@ func (c *Cache[V]) refresh(ctx context.Context, key string, load func(context.Co
 	}
 	done := make(chan *result[V], 1)
 	c.bg.Go(func() {
-		defer c.refreshing.Delete(key)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 		defer cancel()
 		began := time.Now()
@@ -46,9 +45,30 @@ func (c *Cache[V]) refresh(ctx context.Context, key string, load func(context.Co
 		if r != nil || err != nil {
 			c.cfg.emit(EventRefresh, key, time.Since(began), err)
 		}
+		c.refreshed(key, r, err)
 		done <- r
 	})
 	return done
+}
+
+// refreshed ends this process's refresh of key. One that stored nothing
+// keeps the key marked for a while, so that the next hits do not try again
+// at once: for a retry backoff when another process holds the lock (its
+// commit is due), for the stale throttle when the refresh failed, so that
+// a failing database is not called on every hit.
+func (c *Cache[V]) refreshed(key string, r *result[V], err error) {
+	var wait time.Duration
+	switch {
+	case err != nil:
+		wait = c.cfg.throttle
+	case r == nil:
+		wait = c.cfg.retry.backoff
+	}
+	if wait <= 0 {
+		c.refreshing.Delete(key)
+		return
+	}
+	time.AfterFunc(wait, func() { c.refreshing.Delete(key) })
 }
 
 // refreshLocked takes the lock (if free) and reloads; after a loader

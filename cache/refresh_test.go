@@ -5,11 +5,16 @@
 package cache
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -102,4 +107,89 @@ func TestEarlyRefreshKeepsAHotKeyWarmAcrossInstances(t *testing.T) {
 	assert.Equal(t, int64(1), ev[EventMiss].Load(), "no caller may meet a miss after the cold start")
 	assert.LessOrEqual(t, src.calls.Load(), 1+2*periods, "about one load per TTL across all instances")
 	assert.GreaterOrEqual(t, src.calls.Load(), periods, "the key must have been refreshed every TTL")
+}
+
+// TestEarlyRefreshDrawIsSharedAndFloored checks the refresh decision: due
+// within one load duration of expiry whatever the draw, never far from it,
+// and in between as often as XFetch says (P(max(1, -ln u) >= 2) = e^-2),
+// from a draw that depends on the record only, so every process decides
+// alike.
+func TestEarlyRefreshDrawIsSharedAndFloored(t *testing.T) {
+	cfg := config{beta: 1}
+	const load = 20 * time.Millisecond
+	now := time.Now()
+	at := func(left time.Duration, i int) (freshness, []byte) {
+		f := freshness{expiry: now.Add(left).Add(time.Duration(i) * time.Millisecond), load: load}
+		rec := encodeFresh(0, f, nil)
+		f, _ = readFreshness(rec)
+		return f, rec
+	}
+	const n = 20000
+	due := 0
+	for i := range n {
+		f, head := at(0, i)
+		require.True(t, cfg.xfetch(f, f.expiry.Add(-load), head), "within one load duration of expiry a refresh is always due")
+		require.False(t, cfg.xfetch(f, f.expiry.Add(-46*load), head), "far from expiry a refresh is never due")
+		if cfg.xfetch(f, f.expiry.Add(-2*load), head) {
+			due++
+		}
+	}
+	assert.InDelta(t, math.Exp(-2), float64(due)/n, 0.01, "share of values due two load durations before expiry")
+}
+
+// dueRecord stores at key a value whose early refresh is due: it expires in
+// 100 ms and took a second to load.
+func dueRecord(t *testing.T, rdb *redis.Client, key string) {
+	t.Helper()
+	payload, err := json.Marshal(product{ID: "p0", Price: 0})
+	require.NoError(t, err)
+	rec := encodeFresh(0, freshness{expiry: time.Now().Add(100 * time.Millisecond), load: time.Second}, payload)
+	require.NoError(t, rdb.Set(t.Context(), key, rec, time.Minute).Err())
+}
+
+// TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit: while another
+// process holds the key's lock, a process's hits try to take it once per
+// retry backoff, not once per hit.
+func TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "due"
+	dueRecord(t, rdb, key)
+	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "another-process", 10*time.Second).Err())
+	client := redistest.Client(t, redistest.Addr(t))
+	cmds := countCommands(client)
+	c := New[product](client, WithTTL(time.Second), WithoutJitter(), WithRetry(10, 100*time.Millisecond))
+	src := &counter{}
+	start := time.Now()
+	for range 300 {
+		v, err := c.GetOrLoad(t.Context(), key, src.load)
+		require.NoError(t, err)
+		require.Equal(t, "p0", v.ID)
+	}
+	elapsed := time.Since(start)
+	require.NoError(t, c.Close())
+	assert.Zero(t, src.calls.Load())
+	assert.LessOrEqual(t, cmds.get("evalsha")+cmds.get("eval"), 2+int(elapsed/(100*time.Millisecond)),
+		"one attempt at the lock per backoff (300 hits in %v)", elapsed)
+}
+
+// TestEarlyRefreshFailureIsNotRetriedOnEveryHit: a refresh whose loader
+// fails is not tried again by the next hits before the throttle ends, so a
+// failing database is not called once per hit.
+func TestEarlyRefreshFailureIsNotRetriedOnEveryHit(t *testing.T) {
+	rdb, p := setup(t)
+	key := p + "due"
+	dueRecord(t, rdb, key)
+	c := New[product](rdb, WithTTL(time.Second), WithoutJitter(), WithStaleThrottle(time.Minute))
+	var calls atomic.Int64
+	failing := func(context.Context) (product, error) {
+		calls.Add(1)
+		return product{}, errors.New("database down")
+	}
+	for range 300 {
+		v, err := c.GetOrLoad(t.Context(), key, failing)
+		require.NoError(t, err)
+		require.Equal(t, "p0", v.ID)
+	}
+	require.NoError(t, c.Close())
+	assert.Equal(t, int64(1), calls.Load(), "one refresh attempt, then none until the throttle ends")
 }

@@ -6,7 +6,6 @@ package cache
 import (
 	"context"
 	"fmt"
-	"hash/maphash"
 	"math"
 	"time"
 )
@@ -25,10 +24,9 @@ const (
 // its expiry is the end of the throttle, before which nobody retries.
 const flagThrottled byte = 1 << 5
 
-// ageOf classifies a record read at now. seed is this process's for XFetch
-// draws (see drawFor), nil for a read that never refreshes; head is the
-// record up to its payload.
-func (c *config) ageOf(f freshness, throttled bool, now time.Time, seed *maphash.Seed, head []byte) age {
+// ageOf classifies a record read at now. head is the record up to its
+// payload, for the early-refresh draw; nil for a read that never refreshes.
+func (c *config) ageOf(f freshness, throttled bool, now time.Time, head []byte) age {
 	if f.expiry.IsZero() {
 		return ageFresh // written without metadata: Redis's expiry is its TTL
 	}
@@ -36,7 +34,7 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time, seed *maphash
 		switch {
 		case throttled:
 			return ageStale
-		case c.beta > 0 && seed != nil && c.xfetch(f, now, *seed, head):
+		case c.beta > 0 && head != nil && c.xfetch(f, now, head):
 			return ageRefresh
 		}
 		return ageFresh
@@ -51,26 +49,48 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time, seed *maphash
 	return ageExpired
 }
 
-// xfetch is the early-refresh test of Vattani et al.: refresh when
-// now - load*beta*ln(u) reaches the expiry. Drawing u afresh on every hit
-// would refresh a key read thousands of times a second almost at once (the
-// largest of many draws grows with the read rate), so each process draws
-// once per stored value: the earliest of the processes' draws triggers the
-// refresh, about ln(processes)+0.6 load durations before expiry.
-func (c *config) xfetch(f freshness, now time.Time, seed maphash.Seed, head []byte) bool {
+// xfetch reports whether a value is due for early refresh: when now is
+// within load*max(1, beta*-ln(u)) of its expiry (XFetch, Vattani et al.,
+// with a floor of one load duration so that a refresh normally ends before
+// the expiry, not in the grace after it).
+//
+// u is drawn once per stored value and is the same in every process (a hash
+// of the record's head). The paper draws afresh on every read so that one
+// reader among many goes first; here the load lock already lets only one
+// refresh run, and fresh draws would only make it early: the earliest of
+// many draws comes ln(reads)+0.6 load durations before expiry, which at a
+// TTL of a dozen load durations meant 1.17 loads per TTL over 4 processes.
+// One shared draw keeps the refresh's lead at about 1.4 load durations
+// however many processes read the key, while still spreading the refreshes
+// of values written together.
+func (c *config) xfetch(f freshness, now time.Time, head []byte) bool {
 	left := float64(f.expiry.Sub(now))
-	scale := float64(f.load) * c.beta
+	load := float64(f.load)
+	if left <= load {
+		return true
+	}
+	scale := load * c.beta
 	if left > 45*scale { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
 		return false
 	}
-	return scale*-math.Log(drawFor(seed, head)) >= left
+	return scale*-math.Log(drawFor(head)) >= left
 }
 
-// drawFor returns this process's XFetch draw for the record whose header and
-// metadata are head: uniform in (0, 1], fixed for the record, independent
-// across processes (seed is random per Cache).
-func drawFor(seed maphash.Seed, head []byte) float64 {
-	return (float64(maphash.Bytes(seed, head)>>11) + 1) / (1 << 53)
+// drawFor returns the XFetch draw of the record whose header and metadata
+// are head: uniform in (0, 1], the same in every process, and different
+// for every write (the metadata holds the expiry to the millisecond and the
+// load duration to the microsecond). FNV-1a, then murmur3's finalizer so
+// that the high bits depend on every byte.
+func drawFor(head []byte) float64 {
+	h := uint64(14695981039346656037)
+	for _, b := range head {
+		h ^= uint64(b)
+		h *= 1099511628211
+	}
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	return (float64(h>>11) + 1) / (1 << 53)
 }
 
 // grace is how long past its TTL a value stays readable so that a refresh
