@@ -38,6 +38,7 @@ type Cache[V any] struct {
 	cluster  bool               // rdb is a *redis.ClusterClient: Delete sends single-key commands
 	deadline sharedDeadline     // bounds the GETs of flights
 	group    singleflight.Group // merges this process's callers of one key
+	calls    sync.Pool          // *flightCall[V]: a caller's request to group
 	brk      breaker
 	notify   *notifier // wakes waiters; nil: they poll
 
@@ -116,7 +117,7 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 	}
 	start := time.Now()
 	for {
-		v, err := c.merged(ctx, key, func() (any, error) { return c.flight(ctx, key, load) })
+		v, err := c.merged(ctx, key, load)
 		if err != nil {
 			return zero, err
 		}

@@ -7,46 +7,27 @@ package cache
 
 import (
 	"context"
-	"sync"
 	"time"
-
-	"golang.org/x/sync/singleflight"
 )
 
-// merged runs fn as the flight of key, or waits for the flight already
-// running, and returns its outcome; or ctx.Err() as soon as ctx ends, the
-// flight going on without this caller.
-func (c *Cache[V]) merged(ctx context.Context, key string, fn func() (any, error)) (any, error) {
-	if ctx.Done() == nil { // nothing can end this caller's wait: no goroutine, no channel
-		v, err, _ := c.group.Do(key, fn)
-		return v, err
-	}
-	cl := calls.Get().(*call)
-	cl.group, cl.key, cl.fn = &c.group, key, fn
-	flights.run(cl)
-	select {
-	case o := <-cl.done:
-		*cl = call{done: cl.done} // the worker is done with it: reuse it
-		calls.Put(cl)
-		return o.v, o.err
-	case <-ctx.Done():
-		return nil, ctx.Err() // the worker will still send to cl: never reuse it
-	}
+// flightCall is one caller's request for a key's flight. It is pooled per
+// Cache, with its flight function bound once, so that a hit allocates no
+// closure for singleflight.
+type flightCall[V any] struct {
+	c    *Cache[V]
+	ctx  context.Context
+	key  string
+	load func(context.Context) (V, error)
+	fn   func() (any, error) // fc.flight, bound when fc was made
+	done chan outcome        // buffered: a worker never blocks on a caller that left
 }
 
-// call is one caller's wait for a flight, run by a worker.
-type call struct {
-	group *singleflight.Group
-	key   string
-	fn    func() (any, error)
-	done  chan outcome // buffered: the worker never blocks on a caller that left
-}
+func (fc *flightCall[V]) flight() (any, error) { return fc.c.flight(fc.ctx, fc.key, fc.load) }
 
-var calls = sync.Pool{New: func() any { return &call{done: make(chan outcome, 1)} }}
-
-func (cl *call) run() {
-	v, err, _ := cl.group.Do(cl.key, cl.fn)
-	cl.done <- outcome{v, err} // the last use of cl by the worker
+// run is the worker's side of merged.
+func (fc *flightCall[V]) run() {
+	v, err, _ := fc.c.group.Do(fc.key, fc.fn)
+	fc.done <- outcome{v, err} // the last use of fc by the worker
 }
 
 type outcome struct {
@@ -54,34 +35,68 @@ type outcome struct {
 	err error
 }
 
+// merged runs key's flight with load, or waits for the flight already
+// running, and returns its outcome; or ctx.Err() as soon as ctx ends, the
+// flight going on without this caller.
+func (c *Cache[V]) merged(ctx context.Context, key string, load func(context.Context) (V, error)) (any, error) {
+	fc, _ := c.calls.Get().(*flightCall[V])
+	if fc == nil {
+		fc = &flightCall[V]{c: c, done: make(chan outcome, 1)}
+		fc.fn = fc.flight
+	}
+	fc.ctx, fc.key, fc.load = ctx, key, load
+	if ctx.Done() == nil { // nothing can end this caller's wait: no goroutine, no channel
+		v, err, _ := c.group.Do(key, fc.fn)
+		c.reuse(fc)
+		return v, err
+	}
+	flights.run(fc)
+	select {
+	case o := <-fc.done:
+		c.reuse(fc)
+		return o.v, o.err
+	case <-ctx.Done():
+		return nil, ctx.Err() // a worker may still run fc's flight and send to fc: never reuse it
+	}
+}
+
+// reuse returns fc, which nothing uses any more, to the pool.
+func (c *Cache[V]) reuse(fc *flightCall[V]) {
+	fc.ctx, fc.key, fc.load = nil, "", nil // keep nothing of the caller alive
+	c.calls.Put(fc)
+}
+
+// job is a flightCall of any value type.
+type job interface{ run() }
+
 // workerIdle is how long an idle worker waits for work before it ends, so
 // that a process at rest runs none (and leak checkers find none).
 var workerIdle = 200 * time.Millisecond
 
-// workers runs calls on reused goroutines; it is safe for concurrent use.
-// Each worker ends after workerIdle without a call.
-type workers struct{ jobs chan *call }
+// workers runs jobs on reused goroutines; it is safe for concurrent use.
+// Each worker ends after workerIdle without a job.
+type workers struct{ jobs chan job }
 
 // flights runs the flights of every Cache in the process.
-var flights = workers{jobs: make(chan *call)}
+var flights = workers{jobs: make(chan job)}
 
-// run hands cl to an idle worker, or to a new one.
-func (w workers) run(cl *call) {
+// run hands j to an idle worker, or to a new one.
+func (w workers) run(j job) {
 	select {
-	case w.jobs <- cl:
+	case w.jobs <- j:
 	default:
-		go w.work(cl)
+		go w.work(j)
 	}
 }
 
-func (w workers) work(cl *call) {
+func (w workers) work(j job) {
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		cl.run()
+		j.run()
 		idle.Reset(workerIdle)
 		select {
-		case cl = <-w.jobs:
+		case j = <-w.jobs:
 		case <-idle.C:
 			return
 		}
