@@ -144,7 +144,8 @@ func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Con
 			err = &PanicError{in: "flight", Value: p, stack: debug.Stack()}
 		}
 	}()
-	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout), key, load)
+	at := time.Now() // one clock read for both: before the GET is sent, as at must be
+	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout, at), key, load, at)
 }
 
 // sharedDeadline hands flights a context that ends between 3/4 of the
@@ -162,8 +163,8 @@ type deadlineCtx struct {
 
 // within returns a context with ctx's values, without its cancellation,
 // that ends within timeout.
-func (d *sharedDeadline) within(ctx context.Context, timeout time.Duration) context.Context {
-	now := nanotime()
+func (d *sharedDeadline) within(ctx context.Context, timeout time.Duration, at time.Time) context.Context {
+	now := int64(at.Sub(epoch))
 	cur := d.cur.Load()
 	if cur == nil || now >= cur.renewAt {
 		next := &deadlineCtx{renewAt: now + int64(timeout/4)}
@@ -301,11 +302,11 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 }
 
 // fetch is one flight: read, then read-or-lock until a value or the lock.
-func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error)) (*result[V], error) {
+// at is a moment before the read is sent.
+func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error), at time.Time) (*result[V], error) {
 	if !c.brk.allow() {
 		return c.redisFailed(ctx, key, ErrCircuitOpen, load)
 	}
-	at := time.Now()
 	b, err := c.rdb.Get(ctx, key).Bytes()
 	var skip []byte // bytes at key we could not decode: a miss, to be replaced
 	switch class := c.redisCall(key, err); {
