@@ -59,8 +59,9 @@
 // Records carry their load duration and logical expiry. With early refresh
 // ([WithEarlyRefresh], on by default) a hit close to the expiry reloads the
 // value in the background under the same lock and fenced commit, once per
-// key across processes, with the probability of XFetch (Vattani et al., VLDB
-// 2015); callers keep getting the current value. With [WithStale] a value
+// key across processes, at a moment drawn as in XFetch (Vattani et al., VLDB
+// 2015) once per stored value for all processes, at least one load duration
+// before the expiry; callers keep getting the current value. With [WithStale] a value
 // past its TTL is still served while one refresh runs, and while the
 // database fails (retried once per [WithStaleThrottle]); [WithResultInfo]
 // tells a caller it got a stale value.
