@@ -5,7 +5,6 @@ package reliability_test
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,16 +57,7 @@ func TestClusterWaitersWokenPerMaster(t *testing.T) {
 	admin := cl.client(t)
 	p := redistest.Prefix(t, admin)
 
-	// Keys in slots of every master (startCluster splits the slots evenly).
-	var keys []string
-	found := make([]int, masters)
-	for i := 0; len(keys) < masters*perMaster; i++ {
-		k := "k" + strconv.Itoa(i)
-		if m := int(slot(p+k)) * masters / 16384; found[m] < perMaster {
-			found[m]++
-			keys = append(keys, k)
-		}
-	}
+	keys := keysOnEveryMaster(p, masters, perMaster)
 
 	gates := map[string]chan struct{}{}
 	for _, k := range keys {
