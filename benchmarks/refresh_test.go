@@ -119,29 +119,8 @@ func benchRefresh(b *testing.B, addr string, ttl time.Duration, beta float64, in
 		}
 		return v, err
 	}
-	lats := make([][]time.Duration, inst*g) // one slice per reader: no lock on the hot path
-	var wg sync.WaitGroup
-	for k, in := range ins {
-		for j := range g {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					rec := recording.Load() // reads that start inside the window
-					t0 := time.Now()
-					rctx, rcancel := context.WithTimeout(ctx, stampedeTimeout)
-					v, err := in.Get(rctx, key, load)
-					rcancel()
-					if rec {
-						lats[k*g+j] = append(lats[k*g+j], time.Since(t0))
-						if err != nil || v.ID != 7 {
-							errs.Add(1)
-						}
-					}
-					time.Sleep(expiryThink)
-				}
-			})
-		}
-	}
-	defer wg.Wait() // after cancel, which runs first
+	readers := startReaders(ctx, ins, g, key, load, &recording, &errs)
+	defer readers.wait() // after cancel, which runs first
 	defer cancel()
 
 	// One TTL of traffic before the window: the first load (a cold miss)
@@ -157,12 +136,7 @@ func benchRefresh(b *testing.B, addr string, ttl time.Duration, beta float64, in
 	recording.Store(false)
 	errsN := errs.Load()
 	cancel()
-	wg.Wait()
-
-	var lat []time.Duration
-	for _, l := range lats {
-		lat = append(lat, l...)
-	}
+	lat := readers.wait()
 	slow := 0
 	for _, d := range lat {
 		if d > refreshSlow {
