@@ -251,8 +251,8 @@ func WithErrorHook(fn func(key string, err error)) Option {
 // Default: 1 ([DefaultEarlyRefresh]), the paper's optimum: the refresh
 // starts on average about 1.4 load durations before expiry, however many
 // processes read the key, so a hot key is loaded about once per TTL (1.03
-// times at a TTL of 12 load durations) and cold keys, which see no hit near
-// their expiry, never. Larger beta refreshes earlier; 0 turns it off. beta
+// times expected at a TTL of 12.5 load durations, 1.02 measured) and cold
+// keys, which see no hit near their expiry, never. Larger beta refreshes earlier; 0 turns it off. beta
 // must be in [0, 100].
 func WithEarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta } }
 
