@@ -560,8 +560,8 @@ func (c *Cache[V]) commitMany(ctx context.Context, ops []lockOp) []time.Time {
 			case err != nil:
 				c.report(op.key, fmt.Errorf("cache: store %q: %w", op.key, err))
 			case n == 0 && op.record != nil:
-				c.cfg.emit(EventLockLost, op.key, 0, ErrLockNotHeld)
-				c.report(op.key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", op.key, ErrLockNotHeld))
+				c.cfg.emit(EventLockLost, op.key, 0, ErrLoadLockLost)
+				c.report(op.key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", op.key, ErrLoadLockLost))
 			case op.record != nil:
 				stored[i] = at
 			}
@@ -622,7 +622,7 @@ func (c *Cache[V]) batchWatchdog(ctx context.Context, held []*heldKey) (stop fun
 			c.round(keys, errs)
 			kept := live[:0]
 			for i, h := range live {
-				if !errors.Is(ownerChecked(cmds[i]), ErrLockNotHeld) {
+				if !errors.Is(ownerChecked(cmds[i]), ErrLoadLockLost) {
 					kept = append(kept, h) // lost: a Delete or Set voided it, or the lease ran out
 				}
 			}

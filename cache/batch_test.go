@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/lease"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -690,7 +691,7 @@ func BenchmarkGetOrLoadMany(b *testing.B) {
 	rounds := recordRounds(rdb)
 	const n, cold = 100, 10
 	c := New[product](rdb, WithoutJitter())
-	p := "bench:batch:" + newToken() + ":"
+	p := "bench:batch:" + lease.NewToken() + ":"
 	keys := names(p, n)
 	b.Cleanup(func() { redistest.DeletePrefix(rdb, p) })
 	warm := func(b *testing.B) {

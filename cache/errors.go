@@ -28,17 +28,15 @@ var (
 
 	// ErrLockNotAcquired is returned (wrapped, naming the key and the budget)
 	// when a caller of [Cache.GetOrLoad] used its whole retry budget (see
-	// [WithRetry]) without finding a value or taking the lock, because
-	// another holder is still loading, and by [Obtain] when the lock is held
-	// after its retries (see [WithLockRetry]). When a context ended the wait,
+	// [WithRetry]) without finding a value or taking the load lock, because
+	// another holder is still loading. When a context ended the wait,
 	// it is joined with that context's error.
 	ErrLockNotAcquired = errors.New("cache: lock not acquired")
 
-	// ErrLockNotHeld is returned by [Lock.Release], [Lock.Refresh],
-	// [Lock.TTL] and [Lock.Hold] when the lock has expired or is now held by
-	// someone else, and wrapped in the error hook's report of a loaded value
-	// not stored because its load lock was lost.
-	ErrLockNotHeld = errors.New("cache: lock not held")
+	// ErrLoadLockLost is wrapped in the error hook's report (and is the Err
+	// of [EventLockLost]) of a loaded value not stored because its load lock
+	// was lost: a Delete or Set voided it, or its lease lapsed.
+	ErrLoadLockLost = errors.New("cache: load lock lost")
 
 	// ErrEmptyKey is returned for an empty key: it is almost always a bug in
 	// the caller (an unset ID), and caching under "" would merge unrelated

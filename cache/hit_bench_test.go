@@ -12,12 +12,13 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/lease"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
 func BenchmarkHitPath(b *testing.B) {
 	rdb := redistestClient(b)
-	p := "bench:hitpath:" + newToken() + ":"
+	p := "bench:hitpath:" + lease.NewToken() + ":"
 	c := New[product](rdb, WithoutJitter())
 	const n = 1000
 	keys := make([]string, n)

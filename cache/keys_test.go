@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/internal/slot"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -38,13 +39,13 @@ func specSlot(key string) uint16 {
 			key = key[i+1 : i+1+j]
 		}
 	}
-	return crc16(key) % 16384
+	return slot.CRC16(key) % 16384
 }
 
 func TestCRC16MatchesRedis(t *testing.T) {
 	// Values from the Redis Cluster specification and CLUSTER KEYSLOT.
-	assert.Equal(t, uint16(0x31C3), crc16("123456789"))
-	assert.Equal(t, uint16(12182), crc16("foo")%16384)
+	assert.Equal(t, uint16(0x31C3), slot.CRC16("123456789"))
+	assert.Equal(t, uint16(12182), slot.CRC16("foo")%16384)
 }
 
 func TestLockKeyMatchesRedisKeySlot(t *testing.T) {

@@ -546,8 +546,8 @@ func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, locked 
 		case err != nil:
 			c.report(key, fmt.Errorf("cache: store %q: %w", key, err))
 		case n == 0:
-			c.cfg.emit(EventLockLost, key, 0, ErrLockNotHeld)
-			c.report(key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", key, ErrLockNotHeld))
+			c.cfg.emit(EventLockLost, key, 0, ErrLoadLockLost)
+			c.report(key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", key, ErrLoadLockLost))
 		default:
 			return at
 		}
@@ -564,7 +564,7 @@ func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock) {
 		if c.redisCall(key, err) == errTransient && c.cfg.retry.wait(ctx, attempt) {
 			continue
 		}
-		if err != nil && !errors.Is(err, ErrLockNotHeld) {
+		if err != nil && !errors.Is(err, ErrLoadLockLost) {
 			c.report(key, fmt.Errorf("cache: release lock of %q: %w", key, err))
 		}
 		return
@@ -593,7 +593,7 @@ func (c *Cache[V]) watchdog(ctx context.Context, key string, lk *loadLock) (stop
 				return
 			case <-t.C:
 				err := lk.extend(ctx, c.rdb, c.cfg.lockTTL)
-				if errors.Is(err, ErrLockNotHeld) {
+				if errors.Is(err, ErrLoadLockLost) {
 					return
 				}
 				c.redisCall(key, err)

@@ -516,7 +516,7 @@ func TestErrorHookSeesWhatCallersDoNot(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		require.Len(t, got, 1)
-		assert.ErrorIs(t, got[0], ErrLockNotHeld)
+		assert.ErrorIs(t, got[0], ErrLoadLockLost)
 	})
 	t.Run("Redis error under FailOpen", func(t *testing.T) {
 		dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})

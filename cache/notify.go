@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/slot"
 )
 
 // notifyInfix follows the slot tag in every channel name:
@@ -22,7 +23,7 @@ const notifyInfix = ":stampede:notify"
 // notifyChannel is the channel on which the commit and the release of key's
 // load lock are announced.
 func notifyChannel(key string) string {
-	return "{" + slotTags()[slot(key)] + "}" + notifyInfix
+	return "{" + slot.Tag(slot.Of(key)) + "}" + notifyInfix
 }
 
 var (

@@ -225,7 +225,7 @@ func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.poli
 // WithErrorHook is called with the errors the cache handles without
 // returning them to a caller: a Redis error that [FailOpen] turned into an
 // uncached load, a loaded value not stored because the lock was lost (the
-// error wraps [ErrLockNotHeld]: a Delete ran or the lease lapsed), a failed
+// error wraps [ErrLoadLockLost]: a Delete ran or the lease lapsed), a failed
 // commit or lock release. Use it for logs and metrics; the cache itself
 // never logs. fn runs on the loading goroutine, so it must be quick and safe
 // for concurrent use. Default: none.

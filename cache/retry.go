@@ -6,6 +6,8 @@ package cache
 import (
 	"context"
 	"time"
+
+	"github.com/stampede-go/stampede/internal/lease"
 )
 
 // retryPolicy holds no state shared between calls; each wait counts its own
@@ -21,5 +23,5 @@ func (r retryPolicy) wait(ctx context.Context, attempt int) bool {
 	if attempt > r.max {
 		return false
 	}
-	return sleep(ctx, r.backoff)
+	return lease.Sleep(ctx, r.backoff)
 }

@@ -31,14 +31,14 @@ import (
 // ErrorHook returns a function for [cache.WithErrorHook] that logs each error
 // the cache handled without returning it to a caller, with the key and the
 // error as attributes "key" and "error": at Info when a loaded value was not
-// stored because the lock was lost (the error wraps [cache.ErrLockNotHeld]: a
+// stored because the lock was lost (the error wraps [cache.ErrLoadLockLost]: a
 // Delete or Set won over the load, as designed), at Warn otherwise. A nil
 // logger means [slog.Default] at the time of each error. The function is safe
 // for concurrent use if the logger's handler is, as slog's handlers are.
 func ErrorHook(logger *slog.Logger) func(key string, err error) {
 	return func(key string, err error) {
 		level := slog.LevelWarn
-		if errors.Is(err, cache.ErrLockNotHeld) {
+		if errors.Is(err, cache.ErrLoadLockLost) {
 			level = slog.LevelInfo
 		}
 		orDefault(logger).LogAttrs(context.Background(), level, "cache: error handled",

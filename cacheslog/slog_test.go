@@ -158,7 +158,7 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventLockContended}, 0, "", ""},
 		{cache.Event{Kind: cache.EventWait, Err: failed}, 0, "", ""},
 		{cache.Event{Kind: cache.EventWoken}, 0, "", ""},
-		{cache.Event{Kind: cache.EventLockLost, Err: cache.ErrLockNotHeld}, slog.LevelInfo, "cache: lock lost, value not stored", ""},
+		{cache.Event{Kind: cache.EventLockLost, Err: cache.ErrLoadLockLost}, slog.LevelInfo, "cache: lock lost, value not stored", ""},
 		{cache.Event{Kind: cache.EventStaleServed}, 0, "", ""},
 		{cache.Event{Kind: cache.EventStaleServed, Err: failed}, slog.LevelWarn, "cache: stale value served", "failed"},
 		{cache.Event{Kind: cache.EventRefresh}, 0, "", ""},

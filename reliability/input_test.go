@@ -18,6 +18,7 @@ import (
 
 	"github.com/stampede-go/stampede/cache"
 	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/lock"
 )
 
 func TestEmptyKeyAndNilLoader(t *testing.T) {
@@ -34,7 +35,7 @@ func TestEmptyKeyAndNilLoader(t *testing.T) {
 	if _, err := c.GetOrLoad(ctx, "k", nil); !errors.Is(err, cache.ErrNilLoader) {
 		t.Errorf("GetOrLoad(nil loader) = %v; want ErrNilLoader", err)
 	}
-	if _, err := cache.Obtain(ctx, direct, "", time.Second); !errors.Is(err, cache.ErrEmptyKey) {
+	if _, err := lock.Obtain(ctx, direct, "", time.Second); !errors.Is(err, lock.ErrEmptyKey) {
 		t.Errorf(`Obtain("") = %v; want ErrEmptyKey`, err)
 	}
 	// Delete checks every key before deleting any: nothing is lost to a

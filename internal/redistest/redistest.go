@@ -349,3 +349,11 @@ func forEachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(conte
 func escape(s string) string {
 	return strings.NewReplacer(`\`, `\\`, "?", `\?`, "[", `\[`, "]", `\]`, "*", `\*`).Replace(s)
 }
+
+// Main runs a package's tests against the shared test Redis and stops a
+// server this package started: TestMain for packages with no child modes.
+func Main(m *testing.M) {
+	code := m.Run()
+	Stop()
+	os.Exit(code)
+}

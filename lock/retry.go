@@ -1,7 +1,7 @@
 // lock_retry.go is the standalone lock's retry strategy: how long Obtain and
 // ObtainQuorum wait before each further attempt, and when they give up.
 
-package cache
+package lock
 
 import (
 	"errors"
@@ -32,7 +32,7 @@ type RetryStrategy struct {
 }
 
 // NoRetry makes one attempt and no retry: a lock held by someone else gives
-// [ErrLockNotAcquired] at once. It is the default of [Obtain] and
+// [ErrNotObtained] at once. It is the default of [Obtain] and
 // [ObtainQuorum], for the jobs where the other instances should skip the
 // work rather than queue for it.
 func NoRetry() RetryStrategy { return RetryStrategy{} }
@@ -41,7 +41,7 @@ func NoRetry() RetryStrategy { return RetryStrategy{} }
 // with [LimitRetry] or a context deadline. backoff must be positive.
 func LinearBackoff(backoff time.Duration) RetryStrategy {
 	if backoff <= 0 {
-		return invalidRetry(fmt.Errorf("cache: LinearBackoff(%v): backoff must be positive", backoff))
+		return invalidRetry(fmt.Errorf("lock: LinearBackoff(%v): backoff must be positive", backoff))
 	}
 	return RetryStrategy{delay: func(int) (time.Duration, bool) { return backoff, true }}
 }
@@ -53,7 +53,7 @@ func LinearBackoff(backoff time.Duration) RetryStrategy {
 // it with [LimitRetry] or a context deadline. It needs 0 < min <= max.
 func ExponentialBackoff(min, max time.Duration) RetryStrategy {
 	if min <= 0 || max < min {
-		return invalidRetry(fmt.Errorf("cache: ExponentialBackoff(%v, %v): need 0 < min <= max", min, max))
+		return invalidRetry(fmt.Errorf("lock: ExponentialBackoff(%v, %v): need 0 < min <= max", min, max))
 	}
 	return RetryStrategy{delay: func(n int) (time.Duration, bool) {
 		b := min
@@ -76,7 +76,7 @@ func LimitRetry(s RetryStrategy, retries int) RetryStrategy {
 	case s.err != nil:
 		return s
 	case retries < 0:
-		return invalidRetry(fmt.Errorf("cache: LimitRetry(%d): retries must not be negative", retries))
+		return invalidRetry(fmt.Errorf("lock: LimitRetry(%d): retries must not be negative", retries))
 	case s.delay == nil:
 		return s
 	}
@@ -94,7 +94,7 @@ func LimitRetry(s RetryStrategy, retries int) RetryStrategy {
 // with an error.
 func RetryFunc(f func(n int) (time.Duration, bool)) RetryStrategy {
 	if f == nil {
-		return invalidRetry(errors.New("cache: RetryFunc(nil)"))
+		return invalidRetry(errors.New("lock: RetryFunc(nil)"))
 	}
 	return RetryStrategy{delay: f}
 }

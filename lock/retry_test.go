@@ -1,7 +1,7 @@
 // lock_retry_test.go proves the lock's retry strategies: their waits, their
 // limits, and that one strategy shared by many calls shares no state.
 
-package cache
+package lock
 
 import (
 	"context"
@@ -117,19 +117,19 @@ func TestObtainFollowsStrategy(t *testing.T) {
 	counter := &obtainCounter{}
 	counted := redistest.Client(t, redistest.Addr(t))
 	counted.AddHook(counter)
-	_, err = Obtain(t.Context(), counted, p+"k", time.Minute, WithLockRetry(s))
-	require.ErrorIs(t, err, ErrLockNotAcquired)
+	_, err = Obtain(t.Context(), counted, p+"k", time.Minute, WithRetry(s))
+	require.ErrorIs(t, err, ErrNotObtained)
 	assert.Equal(t, []int{1, 2, 3, 4, 5}, asked, "the strategy is asked before each retry, from 1")
 	assert.Equal(t, int64(5), counter.attempts.Load(), "one attempt, then 4 retries")
 
-	_, err = Obtain(t.Context(), rdb, p+"k", time.Minute, WithLockRetry(RetryFunc(func(int) (time.Duration, bool) { return -1, true })))
+	_, err = Obtain(t.Context(), rdb, p+"k", time.Minute, WithRetry(RetryFunc(func(int) (time.Duration, bool) { return -1, true })))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "negative wait")
 
 	// The default is one attempt.
 	counter.attempts.Store(0)
 	_, err = Obtain(t.Context(), counted, p+"k", time.Minute)
-	require.ErrorIs(t, err, ErrLockNotAcquired)
+	require.ErrorIs(t, err, ErrNotObtained)
 	assert.Equal(t, int64(1), counter.attempts.Load())
 }
 
@@ -138,14 +138,14 @@ func TestObtainRetryWaitsAreSlept(t *testing.T) {
 	_, err := Obtain(t.Context(), rdb, p+"k", time.Minute)
 	require.NoError(t, err)
 	start := time.Now()
-	_, err = Obtain(t.Context(), rdb, p+"k", time.Minute, WithLockRetry(LimitRetry(LinearBackoff(30*time.Millisecond), 3)))
-	require.ErrorIs(t, err, ErrLockNotAcquired)
+	_, err = Obtain(t.Context(), rdb, p+"k", time.Minute, WithRetry(LimitRetry(LinearBackoff(30*time.Millisecond), 3)))
+	require.ErrorIs(t, err, ErrNotObtained)
 	assert.GreaterOrEqual(t, time.Since(start), 90*time.Millisecond, "three waits of 30ms")
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, err = Obtain(ctx, rdb, p+"k", time.Minute, WithLockRetry(LinearBackoff(time.Hour)))
-	assert.ErrorIs(t, err, ErrLockNotAcquired)
+	_, err = Obtain(ctx, rdb, p+"k", time.Minute, WithRetry(LinearBackoff(time.Hour)))
+	assert.ErrorIs(t, err, ErrNotObtained)
 	assert.ErrorIs(t, err, context.Canceled)
 }
 

@@ -1,7 +1,7 @@
 // redlock.go is the Redlock algorithm: one lock over N independent Redis
 // masters, held while a majority of them grant it within its validity time.
 
-package cache
+package lock
 
 import (
 	"context"
@@ -27,15 +27,15 @@ import (
 //     between the machines. [Lock.Validity] then counts it down.
 //  3. Otherwise the key is released on every master, including any that
 //     answers late, and the attempt has failed: it is retried as
-//     [WithLockRetry] says (default: no retry; use a jittered strategy such
+//     [WithRetry] says (default: no retry; use a jittered strategy such
 //     as [ExponentialBackoff], so that clients that split the votes do not
 //     split them again). A retry asks a master only once the previous
 //     attempt's request and release there have ended (until then that
 //     master counts as not answering), so that a release meant for a failed
 //     attempt cannot delete the key of a later one. When no attempt succeeds
-//     the error is [ErrLockNotAcquired], joined with ctx.Err() if ctx ended
+//     the error is [ErrNotObtained], joined with ctx.Err() if ctx ended
 //     and with the last attempt's Redis errors, each wrapped as
-//     "cache: redis: master i: ...".
+//     "lock: redis: master i: ...".
 //
 // The returned [Lock] works as one from [Obtain]: Refresh extends the lease
 // on every master and succeeds when a majority did so within the validity
@@ -45,7 +45,7 @@ import (
 // that wait, not the client's full timeout. A call to a master that has not
 // answered in time is left to finish in its own goroutine, which ends with
 // the client's timeouts; if it took the lock after the attempt failed or
-// after Release, it releases it. With [WithLockToken], a failed attempt
+// after Release, it releases it. With [WithToken], a failed attempt
 // still releases the key on every master, even if the same token held it
 // before.
 //
@@ -72,16 +72,16 @@ import (
 // routes the single key itself, so a master may be a *redis.Client or
 // another [redis.Scripter]). Invalid input gives an error, as in [Obtain].
 // ObtainQuorum is safe for concurrent use.
-func ObtainQuorum(ctx context.Context, masters []redis.Scripter, key string, ttl time.Duration, opts ...LockOption) (*Lock, error) {
-	cfg, err := newLockConfig("ObtainQuorum", key, ttl, true, opts)
+func ObtainQuorum(ctx context.Context, masters []redis.Scripter, key string, ttl time.Duration, opts ...Option) (*Lock, error) {
+	cfg, err := newConfig("ObtainQuorum", key, ttl, true, opts)
 	if err != nil {
 		return nil, err
 	}
 	if len(masters) == 0 {
-		return nil, errors.New("cache: ObtainQuorum: no masters")
+		return nil, errors.New("lock: ObtainQuorum: no masters")
 	}
 	if slices.Contains(masters, nil) {
-		return nil, errors.New("cache: ObtainQuorum: nil master")
+		return nil, errors.New("lock: ObtainQuorum: nil master")
 	}
 	l := newLock(slices.Clone(masters), len(masters)/2+1, cfg, key, ttl)
 	l.redlock = true
@@ -238,7 +238,7 @@ func (l *Lock) tryQuorum(ctx context.Context, busy []chan struct{}) (bool, error
 	}
 	errs := masterErrs(answers)
 	if yes >= l.quorum {
-		errs = append(errs, fmt.Errorf("cache: a quorum granted the lock after %v, past its validity (ttl %v - drift %v)",
+		errs = append(errs, fmt.Errorf("lock: a quorum granted the lock after %v, past its validity (ttl %v - drift %v)",
 			elapsed.Round(time.Millisecond), ttl, clockDrift(ttl)))
 	}
 	return false, errors.Join(errs...)
@@ -265,7 +265,7 @@ func (l *Lock) releaseQuorum(ctx context.Context) error {
 	if errs := masterErrs(answers); len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	return ErrLockNotHeld
+	return ErrNotHeld
 }
 
 func (l *Lock) refreshQuorum(ctx context.Context, start time.Time, ttl time.Duration) error {
@@ -285,11 +285,11 @@ func (l *Lock) refreshQuorum(ctx context.Context, start time.Time, ttl time.Dura
 		return nil
 	}
 	if notOurs(answers) > len(l.masters)-l.quorum {
-		return ErrLockNotHeld
+		return ErrNotHeld
 	}
 	errs := masterErrs(answers)
 	if len(errs) == 0 {
-		errs = append(errs, errors.New("cache: a quorum extended the lock after its validity"))
+		errs = append(errs, errors.New("lock: a quorum extended the lock after its validity"))
 	}
 	return errors.Join(errs...)
 }
@@ -307,7 +307,7 @@ func (l *Lock) ttlQuorum(ctx context.Context) (time.Duration, error) {
 	for i, a := range answers {
 		d, err := pttl(a.n, a.err)
 		switch {
-		case errors.Is(err, ErrLockNotHeld):
+		case errors.Is(err, ErrNotHeld):
 			others++
 		case err != nil:
 			errs = append(errs, masterErr(i, a.err))
@@ -326,7 +326,7 @@ func (l *Lock) ttlQuorum(ctx context.Context) (time.Duration, error) {
 		return -1, nil
 	}
 	if others > len(l.masters)-l.quorum {
-		return 0, ErrLockNotHeld
+		return 0, ErrNotHeld
 	}
 	return 0, errors.Join(errs...)
 }
@@ -363,7 +363,7 @@ func masterErrs(answers []answer) []error {
 	return errs
 }
 
-func masterErr(i int, err error) error { return fmt.Errorf("cache: redis: master %d: %w", i, err) }
+func masterErr(i int, err error) error { return fmt.Errorf("lock: redis: master %d: %w", i, err) }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {

@@ -2,7 +2,7 @@
 // nil safety, errors, and the intent of github.com/bsm/redislock's own tests
 // carried over to this API.
 
-package cache
+package lock
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/lease"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -30,16 +31,16 @@ func TestObtainReleaseRefresh(t *testing.T) {
 	assert.Equal(t, l.Token(), rdb.Get(t.Context(), key).Val(), "the key must hold the holder's token")
 	assert.InDelta(t, time.Second, rdb.PTTL(t.Context(), key).Val(), float64(200*time.Millisecond))
 
-	_, err = Obtain(t.Context(), rdb, key, time.Second, WithLockRetry(LimitRetry(LinearBackoff(10*time.Millisecond), 2)))
-	assert.ErrorIs(t, err, ErrLockNotAcquired, "a second holder must not get a held lock")
+	_, err = Obtain(t.Context(), rdb, key, time.Second, WithRetry(LimitRetry(LinearBackoff(10*time.Millisecond), 2)))
+	assert.ErrorIs(t, err, ErrNotObtained, "a second holder must not get a held lock")
 
 	require.NoError(t, l.Refresh(t.Context(), time.Minute))
 	assert.Greater(t, rdb.PTTL(t.Context(), key).Val(), 50*time.Second)
 
 	require.NoError(t, l.Release(t.Context()))
 	assert.Zero(t, rdb.Exists(t.Context(), key).Val())
-	assert.ErrorIs(t, l.Release(t.Context()), ErrLockNotHeld)
-	assert.ErrorIs(t, l.Refresh(t.Context(), time.Second), ErrLockNotHeld)
+	assert.ErrorIs(t, l.Release(t.Context()), ErrNotHeld)
+	assert.ErrorIs(t, l.Refresh(t.Context(), time.Second), ErrNotHeld)
 	assert.Zero(t, l.Validity(), "a released lock has no validity left")
 }
 
@@ -52,10 +53,10 @@ func TestLockOwnerChecks(t *testing.T) {
 	other, err := Obtain(t.Context(), rdb, key, time.Minute)
 	require.NoError(t, err, "...and another holder takes it")
 
-	assert.ErrorIs(t, l.Release(t.Context()), ErrLockNotHeld, "a stale holder must not release the new holder's lock")
-	assert.ErrorIs(t, l.Refresh(t.Context(), time.Minute), ErrLockNotHeld)
+	assert.ErrorIs(t, l.Release(t.Context()), ErrNotHeld, "a stale holder must not release the new holder's lock")
+	assert.ErrorIs(t, l.Refresh(t.Context(), time.Minute), ErrNotHeld)
 	_, err = l.TTL(t.Context())
-	assert.ErrorIs(t, err, ErrLockNotHeld)
+	assert.ErrorIs(t, err, ErrNotHeld)
 	assert.Equal(t, other.Token(), rdb.Get(t.Context(), key).Val())
 	require.NoError(t, other.Release(t.Context()))
 }
@@ -71,7 +72,7 @@ func TestObtainWaitsForRelease(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		_ = l.Release(context.Background())
 	}()
-	l2, err := Obtain(t.Context(), rdb, key, time.Minute, WithLockRetry(LimitRetry(LinearBackoff(10*time.Millisecond), 500)))
+	l2, err := Obtain(t.Context(), rdb, key, time.Minute, WithRetry(LimitRetry(LinearBackoff(10*time.Millisecond), 500)))
 	require.NoError(t, err)
 	require.NoError(t, l2.Release(t.Context()))
 	<-released
@@ -84,8 +85,8 @@ func TestObtainContextEndsWait(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	_, err = Obtain(ctx, rdb, key, time.Minute, WithLockRetry(LinearBackoff(10*time.Millisecond)))
-	assert.ErrorIs(t, err, ErrLockNotAcquired)
+	_, err = Obtain(ctx, rdb, key, time.Minute, WithRetry(LinearBackoff(10*time.Millisecond)))
+	assert.ErrorIs(t, err, ErrNotObtained)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
@@ -109,15 +110,15 @@ func TestObtainContextEndIsNeverBare(t *testing.T) {
 				// 1-3ms: long enough for a few attempts, short enough that
 				// many runs end during a Redis call.
 				ctx, cancel := context.WithTimeout(t.Context(), time.Duration(1+i%3)*time.Millisecond)
-				_, err := Obtain(ctx, rdb, key, time.Minute, WithLockRetry(LinearBackoff(time.Millisecond)))
+				_, err := Obtain(ctx, rdb, key, time.Minute, WithRetry(LinearBackoff(time.Millisecond)))
 				cancel()
-				if !errors.Is(err, ErrLockNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+				if !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
 					if bare++; bare <= 3 {
 						t.Logf("run %d: Obtain = %v", i, err)
 					}
 				}
 			}
-			assert.Zero(t, bare, "Obtain returned an error without ErrLockNotAcquired and ctx.Err() in %d of %d runs", bare, runs)
+			assert.Zero(t, bare, "Obtain returned an error without ErrNotObtained and ctx.Err() in %d of %d runs", bare, runs)
 		})
 	}
 }
@@ -130,22 +131,22 @@ func TestObtainBadInput(t *testing.T) {
 		rdb  redis.Scripter
 		key  string
 		ttl  time.Duration
-		opts []LockOption
+		opts []Option
 		want string
 	}{
 		{"ttl zero", rdb, key, 0, nil, "ttl 0s"},
 		{"ttl negative", rdb, key, -time.Second, nil, "ttl -1s"},
 		{"ttl under 1ms", rdb, key, 999 * time.Microsecond, nil, "ttl 999µs"},
 		{"nil client", nil, key, time.Second, nil, "nil Redis client"},
-		{"nil option", rdb, key, time.Second, []LockOption{nil}, "option 0 is nil"},
-		{"empty token", rdb, key, time.Second, []LockOption{WithLockToken("")}, "WithLockToken"},
-		{"quorum option", rdb, key, time.Second, []LockOption{WithQuorumWait(time.Millisecond)}, "ObtainQuorum only"},
-		{"linear zero", rdb, key, time.Second, []LockOption{WithLockRetry(LinearBackoff(0))}, "LinearBackoff(0s)"},
-		{"exponential zero", rdb, key, time.Second, []LockOption{WithLockRetry(ExponentialBackoff(0, time.Second))}, "ExponentialBackoff"},
-		{"exponential max<min", rdb, key, time.Second, []LockOption{WithLockRetry(ExponentialBackoff(time.Second, time.Millisecond))}, "min <= max"},
-		{"limit negative", rdb, key, time.Second, []LockOption{WithLockRetry(LimitRetry(NoRetry(), -1))}, "LimitRetry(-1)"},
-		{"limit of invalid", rdb, key, time.Second, []LockOption{WithLockRetry(LimitRetry(LinearBackoff(-1), 3))}, "LinearBackoff(-1ns)"},
-		{"nil func", rdb, key, time.Second, []LockOption{WithLockRetry(RetryFunc(nil))}, "RetryFunc(nil)"},
+		{"nil option", rdb, key, time.Second, []Option{nil}, "option 0 is nil"},
+		{"empty token", rdb, key, time.Second, []Option{WithToken("")}, "WithToken"},
+		{"quorum option", rdb, key, time.Second, []Option{WithQuorumWait(time.Millisecond)}, "ObtainQuorum only"},
+		{"linear zero", rdb, key, time.Second, []Option{WithRetry(LinearBackoff(0))}, "LinearBackoff(0s)"},
+		{"exponential zero", rdb, key, time.Second, []Option{WithRetry(ExponentialBackoff(0, time.Second))}, "ExponentialBackoff"},
+		{"exponential max<min", rdb, key, time.Second, []Option{WithRetry(ExponentialBackoff(time.Second, time.Millisecond))}, "min <= max"},
+		{"limit negative", rdb, key, time.Second, []Option{WithRetry(LimitRetry(NoRetry(), -1))}, "LimitRetry(-1)"},
+		{"limit of invalid", rdb, key, time.Second, []Option{WithRetry(LimitRetry(LinearBackoff(-1), 3))}, "LinearBackoff(-1ns)"},
+		{"nil func", rdb, key, time.Second, []Option{WithRetry(RetryFunc(nil))}, "RetryFunc(nil)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var l *Lock
@@ -154,7 +155,7 @@ func TestObtainBadInput(t *testing.T) {
 			require.Error(t, err)
 			assert.Nil(t, l)
 			assert.Contains(t, err.Error(), tc.want)
-			assert.Contains(t, err.Error(), "cache: Obtain")
+			assert.Contains(t, err.Error(), "lock: Obtain")
 			assert.Zero(t, rdb.Exists(t.Context(), key).Val(), "an invalid call must not touch Redis")
 		})
 	}
@@ -169,18 +170,18 @@ func TestLockNilSafe(t *testing.T) {
 	require.NoError(t, err)
 
 	l, err := Obtain(t.Context(), rdb, key, time.Minute)
-	require.ErrorIs(t, err, ErrLockNotAcquired)
+	require.ErrorIs(t, err, ErrNotObtained)
 	require.Nil(t, l)
 	// The idiom of redislock users: defer the release before checking.
 	assert.NotPanics(t, func() {
-		assert.ErrorIs(t, l.Release(t.Context()), ErrLockNotHeld)
-		assert.ErrorIs(t, l.Refresh(t.Context(), time.Second), ErrLockNotHeld)
+		assert.ErrorIs(t, l.Release(t.Context()), ErrNotHeld)
+		assert.ErrorIs(t, l.Refresh(t.Context(), time.Second), ErrNotHeld)
 		d, err := l.TTL(t.Context())
-		assert.ErrorIs(t, err, ErrLockNotHeld)
+		assert.ErrorIs(t, err, ErrNotHeld)
 		assert.Zero(t, d)
 		called := false
 		err = l.Hold(t.Context(), func(context.Context) error { called = true; return nil })
-		assert.ErrorIs(t, err, ErrLockNotHeld)
+		assert.ErrorIs(t, err, ErrNotHeld)
 		assert.False(t, called, "Hold on a nil lock must not run fn")
 		assert.Empty(t, l.Key())
 		assert.Empty(t, l.Token())
@@ -190,7 +191,7 @@ func TestLockNilSafe(t *testing.T) {
 }
 
 // TestLockRedisErrorsWrapped is issue 8 item 9 for the lock: every Redis
-// error comes back as "cache: redis: ...", and errors.Is still sees it.
+// error comes back as "lock: redis: ...", and errors.Is still sees it.
 func TestLockRedisErrorsWrapped(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
 	key := redistest.Prefix(t, rdb) + "k"
@@ -203,7 +204,7 @@ func TestLockRedisErrorsWrapped(t *testing.T) {
 	_, checks["TTL"] = l.TTL(t.Context())
 	for name, err := range checks {
 		require.Error(t, err, name)
-		assert.Regexp(t, "^cache: redis: ", err.Error(), name)
+		assert.Regexp(t, "^lock: redis: ", err.Error(), name)
 		assert.ErrorIs(t, err, redis.ErrClosed, name)
 	}
 
@@ -212,8 +213,8 @@ func TestLockRedisErrorsWrapped(t *testing.T) {
 	_, err = Obtain(t.Context(), dead, key, time.Minute)
 	var op *net.OpError
 	assert.ErrorAs(t, err, &op, "a connection error must stay visible")
-	assert.Regexp(t, "^cache: redis: ", err.Error())
-	assert.NotErrorIs(t, err, ErrLockNotAcquired, "Redis down is not 'someone else holds it'")
+	assert.Regexp(t, "^lock: redis: ", err.Error())
+	assert.NotErrorIs(t, err, ErrNotObtained, "Redis down is not 'someone else holds it'")
 }
 
 // lostReply runs script calls and then reports a network error instead of
@@ -245,7 +246,7 @@ func TestObtainLostReplyGivesLockBack(t *testing.T) {
 	hook.lost.Store(1)
 	_, err := Obtain(t.Context(), lossy, key, time.Minute)
 	require.Error(t, err)
-	assert.Regexp(t, "^cache: redis: ", err.Error())
+	assert.Regexp(t, "^lock: redis: ", err.Error())
 	assert.Eventually(t, func() bool { return rdb.Exists(t.Context(), key).Val() == 0 }, 5*time.Second, 5*time.Millisecond,
 		"a lock taken by a call whose reply was lost must be given back, not block everyone for the lease")
 
@@ -253,7 +254,7 @@ func TestObtainLostReplyGivesLockBack(t *testing.T) {
 	// it is left alone.
 	keyTok := p + "tok"
 	hook.lost.Store(1)
-	_, err = Obtain(t.Context(), lossy, keyTok, time.Minute, WithLockToken("worker-1"))
+	_, err = Obtain(t.Context(), lossy, keyTok, time.Minute, WithToken("worker-1"))
 	require.Error(t, err)
 	time.Sleep(50 * time.Millisecond)
 	assert.Equal(t, "worker-1", rdb.Get(t.Context(), keyTok).Val())
@@ -292,7 +293,7 @@ func TestObtainOtherTypeAtKey(t *testing.T) {
 	key := p + "k"
 	require.NoError(t, rdb.HSet(t.Context(), key, "f", "v").Err())
 	_, err := Obtain(t.Context(), rdb, key, time.Minute)
-	assert.ErrorIs(t, err, ErrLockNotAcquired, "a key of another type is held by someone else")
+	assert.ErrorIs(t, err, ErrNotObtained, "a key of another type is held by someone else")
 	assert.Equal(t, "v", rdb.HGet(t.Context(), key, "f").Val())
 }
 
@@ -308,7 +309,7 @@ func TestLockTTLWithoutExpiry(t *testing.T) {
 
 func TestObtainPrefix(t *testing.T) {
 	rdb, p := setup(t)
-	l, err := Obtain(t.Context(), rdb, "job", time.Minute, WithLockPrefix(p+"locks:"))
+	l, err := Obtain(t.Context(), rdb, "job", time.Minute, WithPrefix(p+"locks:"))
 	require.NoError(t, err)
 	assert.Equal(t, p+"locks:job", l.Key())
 	assert.Equal(t, l.Token(), rdb.Get(t.Context(), p+"locks:job").Val())
@@ -317,7 +318,7 @@ func TestObtainPrefix(t *testing.T) {
 func TestTokensAreRandom(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
-		tok := newToken()
+		tok := lease.NewToken()
 		require.Len(t, tok, 32)
 		require.False(t, seen[tok], "token repeated")
 		seen[tok] = true
@@ -343,7 +344,7 @@ func TestRedislockCases(t *testing.T) {
 		assert.Len(t, l.Token(), 32)
 		assertTTL(t, l, time.Hour)
 		_, err = Obtain(t.Context(), rdb, key, time.Hour)
-		assert.ErrorIs(t, err, ErrLockNotAcquired)
+		assert.ErrorIs(t, err, ErrNotObtained)
 		require.NoError(t, l.Release(t.Context()))
 		l, err = Obtain(t.Context(), rdb, key, time.Hour)
 		require.NoError(t, err, "a released lock can be obtained again")
@@ -352,7 +353,7 @@ func TestRedislockCases(t *testing.T) {
 
 	t.Run("metadata", func(t *testing.T) {
 		rdb, p := setup(t)
-		l, err := Obtain(t.Context(), rdb, p+"k", time.Hour, WithLockMetadata("my-data"))
+		l, err := Obtain(t.Context(), rdb, p+"k", time.Hour, WithMetadata("my-data"))
 		require.NoError(t, err)
 		assert.Equal(t, "my-data", l.Metadata())
 		assert.Equal(t, l.Token()+"my-data", rdb.Get(t.Context(), p+"k").Val())
@@ -364,22 +365,22 @@ func TestRedislockCases(t *testing.T) {
 	t.Run("custom token", func(t *testing.T) {
 		rdb, p := setup(t)
 		key := p + "k"
-		l1, err := Obtain(t.Context(), rdb, key, time.Hour, WithLockToken("foo"), WithLockMetadata("bar"))
+		l1, err := Obtain(t.Context(), rdb, key, time.Hour, WithToken("foo"), WithMetadata("bar"))
 		require.NoError(t, err)
 		assert.Equal(t, "foo", l1.Token())
 		assert.Equal(t, "bar", l1.Metadata())
 
 		_, err = Obtain(t.Context(), rdb, key, time.Hour)
-		assert.ErrorIs(t, err, ErrLockNotAcquired)
-		_, err = Obtain(t.Context(), rdb, key, time.Hour, WithLockToken("bar"))
-		assert.ErrorIs(t, err, ErrLockNotAcquired, "another token must not take it")
+		assert.ErrorIs(t, err, ErrNotObtained)
+		_, err = Obtain(t.Context(), rdb, key, time.Hour, WithToken("bar"))
+		assert.ErrorIs(t, err, ErrNotObtained, "another token must not take it")
 
-		l2, err := Obtain(t.Context(), rdb, key, time.Minute, WithLockToken("foo"), WithLockMetadata("baz"))
+		l2, err := Obtain(t.Context(), rdb, key, time.Minute, WithToken("foo"), WithMetadata("baz"))
 		require.NoError(t, err, "the holder of the token may obtain it again")
 		assert.Equal(t, "foo", l2.Token())
 		assert.Equal(t, "baz", l2.Metadata())
 		assertTTL(t, l2, time.Minute)
-		assert.ErrorIs(t, l1.Release(t.Context()), ErrLockNotHeld, "the old metadata is gone")
+		assert.ErrorIs(t, l1.Release(t.Context()), ErrNotHeld, "the old metadata is gone")
 		require.NoError(t, l2.Release(t.Context()))
 	})
 
@@ -387,7 +388,7 @@ func TestRedislockCases(t *testing.T) {
 		rdb, p := setup(t)
 		_, err := Obtain(t.Context(), rdb, p+"k", 20*time.Millisecond)
 		require.NoError(t, err)
-		l, err := Obtain(t.Context(), rdb, p+"k", time.Hour, WithLockRetry(LimitRetry(LinearBackoff(20*time.Millisecond), 10)))
+		l, err := Obtain(t.Context(), rdb, p+"k", time.Hour, WithRetry(LimitRetry(LinearBackoff(20*time.Millisecond), 10)))
 		require.NoError(t, err, "the retries must outlast the first lease")
 		require.NoError(t, l.Release(t.Context()))
 	})
@@ -396,8 +397,8 @@ func TestRedislockCases(t *testing.T) {
 		rdb, p := setup(t)
 		_, err := Obtain(t.Context(), rdb, p+"k", time.Hour)
 		require.NoError(t, err)
-		_, err = Obtain(t.Context(), rdb, p+"k", time.Hour, WithLockRetry(LimitRetry(LinearBackoff(5*time.Millisecond), 2)))
-		assert.ErrorIs(t, err, ErrLockNotAcquired)
+		_, err = Obtain(t.Context(), rdb, p+"k", time.Hour, WithRetry(LimitRetry(LinearBackoff(5*time.Millisecond), 2)))
+		assert.ErrorIs(t, err, ErrNotObtained)
 		assert.NotErrorIs(t, err, context.DeadlineExceeded, "the budget ended the wait, not a context")
 	})
 
@@ -407,8 +408,8 @@ func TestRedislockCases(t *testing.T) {
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 		defer cancel()
-		_, err = Obtain(ctx, rdb, p+"k", time.Hour, WithLockRetry(LinearBackoff(5*time.Millisecond)))
-		assert.ErrorIs(t, err, ErrLockNotAcquired)
+		_, err = Obtain(ctx, rdb, p+"k", time.Hour, WithRetry(LinearBackoff(5*time.Millisecond)))
+		assert.ErrorIs(t, err, ErrNotObtained)
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 	})
 
@@ -424,7 +425,7 @@ func TestRedislockCases(t *testing.T) {
 				switch {
 				case err == nil:
 					won.Add(1)
-				case errors.Is(err, ErrLockNotAcquired):
+				case errors.Is(err, ErrNotObtained):
 					lost.Add(1)
 				default:
 					errs <- err
@@ -455,9 +456,9 @@ func TestRedislockCases(t *testing.T) {
 		l, err := Obtain(t.Context(), rdb, p+"k", 5*time.Millisecond)
 		require.NoError(t, err)
 		time.Sleep(20 * time.Millisecond)
-		assert.ErrorIs(t, l.Refresh(t.Context(), time.Minute), ErrLockNotHeld)
+		assert.ErrorIs(t, l.Refresh(t.Context(), time.Minute), ErrNotHeld)
 		_, err = l.TTL(t.Context())
-		assert.ErrorIs(t, err, ErrLockNotHeld)
+		assert.ErrorIs(t, err, ErrNotHeld)
 	})
 
 	t.Run("release expired", func(t *testing.T) {
@@ -465,7 +466,7 @@ func TestRedislockCases(t *testing.T) {
 		l, err := Obtain(t.Context(), rdb, p+"k", 5*time.Millisecond)
 		require.NoError(t, err)
 		time.Sleep(20 * time.Millisecond)
-		assert.ErrorIs(t, l.Release(t.Context()), ErrLockNotHeld)
+		assert.ErrorIs(t, l.Release(t.Context()), ErrNotHeld)
 	})
 
 	t.Run("release not own", func(t *testing.T) {
@@ -473,7 +474,7 @@ func TestRedislockCases(t *testing.T) {
 		l, err := Obtain(t.Context(), rdb, p+"k", time.Hour)
 		require.NoError(t, err)
 		require.NoError(t, rdb.Set(t.Context(), p+"k", "ABCD", 0).Err()) // ownership moves
-		assert.ErrorIs(t, l.Release(t.Context()), ErrLockNotHeld)
+		assert.ErrorIs(t, l.Release(t.Context()), ErrNotHeld)
 		assert.Equal(t, "ABCD", rdb.Get(t.Context(), p+"k").Val(), "the new owner's lock must stay")
 	})
 
@@ -482,9 +483,9 @@ func TestRedislockCases(t *testing.T) {
 		_, err := Obtain(t.Context(), rdb, p+"k", time.Hour)
 		require.NoError(t, err)
 		l2, err := Obtain(t.Context(), rdb, p+"k", time.Minute)
-		assert.ErrorIs(t, err, ErrLockNotAcquired)
+		assert.ErrorIs(t, err, ErrNotObtained)
 		assert.Nil(t, l2)
-		assert.ErrorIs(t, l2.Release(t.Context()), ErrLockNotHeld)
+		assert.ErrorIs(t, l2.Release(t.Context()), ErrNotHeld)
 	})
 }
 

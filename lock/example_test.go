@@ -1,9 +1,9 @@
-// example_lock_test.go shows the standalone lock on the jobs it is for: one
+// example_test.go shows the standalone lock on the jobs it is for: one
 // worker per customer, one instance per cron run, a repeated submission
 // refused, an oversell prevented, and Redlock. They run against the test
 // Redis, whose address TestMain puts in REDIS_ADDR.
 
-package cache_test
+package lock_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/lock"
 )
 
 // A sync service runs on several instances; each customer must be synced by
@@ -29,16 +29,16 @@ func ExampleDo() {
 	const key = "example:sync:customer:42"
 
 	// Instance A takes customer 42.
-	err := cache.Do(ctx, rdb, key, 15*time.Second, func(ctx context.Context) error {
+	err := lock.Do(ctx, rdb, key, 15*time.Second, func(ctx context.Context) error {
 		fmt.Println("instance A syncs customer 42")
 		// ... call the CRM with ctx: it is cancelled if the lock is lost.
 
 		// Meanwhile instance B reaches the same customer.
-		err := cache.Do(ctx, rdb, key, 15*time.Second, func(ctx context.Context) error {
+		err := lock.Do(ctx, rdb, key, 15*time.Second, func(ctx context.Context) error {
 			fmt.Println("instance B syncs customer 42")
 			return nil
 		})
-		if errors.Is(err, cache.ErrLockNotAcquired) {
+		if errors.Is(err, lock.ErrNotObtained) {
 			fmt.Println("instance B skips customer 42: another instance has it")
 		}
 		return nil
@@ -66,8 +66,8 @@ func ExampleLock_Hold() {
 	defer rdb.Del(ctx, key) // for the example only: let it run again
 
 	for _, instance := range []string{"instance-a", "instance-b"} {
-		lock, err := cache.Obtain(ctx, rdb, key, 10*time.Minute, cache.WithLockMetadata(instance))
-		if errors.Is(err, cache.ErrLockNotAcquired) {
+		l, err := lock.Obtain(ctx, rdb, key, 10*time.Minute, lock.WithMetadata(instance))
+		if errors.Is(err, lock.ErrNotObtained) {
 			fmt.Println(instance, "skips: this run is taken")
 			continue
 		}
@@ -75,7 +75,7 @@ func ExampleLock_Hold() {
 			fmt.Println("error:", err)
 			return
 		}
-		err = lock.Hold(ctx, func(ctx context.Context) error {
+		err = l.Hold(ctx, func(ctx context.Context) error {
 			fmt.Println(instance, "runs the report for", run.Format("2006-01-02"))
 			return nil
 		})
@@ -97,9 +97,9 @@ func ExampleObtain() {
 	defer rdb.Del(ctx, "example:submit:user42:order-form") // for the example only
 
 	submit := func() string {
-		_, err := cache.Obtain(ctx, rdb, "example:submit:user42:order-form", 2*time.Second)
+		_, err := lock.Obtain(ctx, rdb, "example:submit:user42:order-form", 2*time.Second)
 		switch {
-		case errors.Is(err, cache.ErrLockNotAcquired):
+		case errors.Is(err, lock.ErrNotObtained):
 			return "refused: already submitted"
 		case err != nil:
 			return "error: " + err.Error()
@@ -127,12 +127,12 @@ func ExampleObtain_oversell() {
 	rdb.Set(ctx, stock, 3, 0)
 	defer rdb.Del(ctx, stock)
 
-	retry := cache.WithLockRetry(cache.LimitRetry(cache.ExponentialBackoff(2*time.Millisecond, 50*time.Millisecond), 200))
+	retry := lock.WithRetry(lock.LimitRetry(lock.ExponentialBackoff(2*time.Millisecond, 50*time.Millisecond), 200))
 	var sold, refused atomic.Int64
 	var wg sync.WaitGroup
 	for range 10 {
 		wg.Go(func() {
-			err := cache.Do(ctx, rdb, "example:lock:sku-1", 5*time.Second, func(ctx context.Context) error {
+			err := lock.Do(ctx, rdb, "example:lock:sku-1", 5*time.Second, func(ctx context.Context) error {
 				left, err := rdb.Get(ctx, stock).Int()
 				if err != nil {
 					return err
@@ -167,12 +167,12 @@ func ExampleObtainQuorum() {
 		masters = append(masters, c)
 	}
 
-	lock, err := cache.ObtainQuorum(ctx, masters, "example:redlock:invoice-run", 30*time.Second)
+	l, err := lock.ObtainQuorum(ctx, masters, "example:redlock:invoice-run", 30*time.Second)
 	if err != nil {
 		fmt.Println("not acquired:", err)
 		return
 	}
-	defer lock.Release(ctx)
-	fmt.Println("held on a majority; valid for most of 30s:", lock.Validity() > 25*time.Second)
+	defer l.Release(ctx)
+	fmt.Println("held on a majority; valid for most of 30s:", l.Validity() > 25*time.Second)
 	// Output: held on a majority; valid for most of 30s: true
 }

@@ -1,7 +1,7 @@
 // redlock_test.go proves ObtainQuorum against five real redis-server
 // processes on loopback, with some of them killed or stopped (SIGSTOP).
 
-package cache
+package lock
 
 import (
 	"context"
@@ -70,14 +70,14 @@ var all5 = []int{0, 1, 2, 3, 4}
 func TestRedlockAllUp(t *testing.T) {
 	q := newQuorumSet(t)
 	const ttl = 10 * time.Second
-	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl, WithLockMetadata("host-a"))
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl, WithMetadata("host-a"))
 	require.NoError(t, err)
 	assert.Equal(t, 5, q.holding("job", l.Token()+"host-a", all5...), "the key is set on every master")
 	assert.Greater(t, l.Validity(), ttl-clockDrift(ttl)-time.Second)
 	assert.LessOrEqual(t, l.Validity(), ttl-clockDrift(ttl))
 
 	_, err = ObtainQuorum(t.Context(), q.masters, "job", ttl)
-	assert.ErrorIs(t, err, ErrLockNotAcquired)
+	assert.ErrorIs(t, err, ErrNotObtained)
 
 	d, err := l.TTL(t.Context())
 	require.NoError(t, err)
@@ -89,8 +89,8 @@ func TestRedlockAllUp(t *testing.T) {
 
 	require.NoError(t, l.Release(t.Context()))
 	assert.Zero(t, q.holding("job", l.Token()+"host-a", all5...), "Release deletes the key on every master")
-	assert.ErrorIs(t, l.Release(t.Context()), ErrLockNotHeld)
-	assert.ErrorIs(t, l.Refresh(t.Context(), time.Minute), ErrLockNotHeld)
+	assert.ErrorIs(t, l.Release(t.Context()), ErrNotHeld)
+	assert.ErrorIs(t, l.Refresh(t.Context(), time.Minute), ErrNotHeld)
 }
 
 func TestRedlockTwoKilled(t *testing.T) {
@@ -204,9 +204,9 @@ func TestRedlockThreeDownFails(t *testing.T) {
 	defer cancel()
 	// A wait long enough for go-redis's dial retries to end with an error.
 	_, err := ObtainQuorum(ctx, q.masters, "job", 10*time.Second, WithQuorumWait(2*time.Second))
-	require.ErrorIs(t, err, ErrLockNotAcquired)
+	require.ErrorIs(t, err, ErrNotObtained)
 	assert.ErrorIs(t, err, syscall.ECONNREFUSED, "the masters' errors explain the failure")
-	assert.Contains(t, err.Error(), "cache: redis: master 0: ")
+	assert.Contains(t, err.Error(), "lock: redis: master 0: ")
 	assert.ErrorIs(t, err, errNoAnswer, "the frozen master did not answer")
 	assert.Eventually(t, func() bool {
 		return q.clients[3].Exists(t.Context(), "job").Val()+q.clients[4].Exists(t.Context(), "job").Val() == 0
@@ -228,7 +228,7 @@ func TestRedlockHeldElsewhere(t *testing.T) {
 		require.NoError(t, q.clients[i].Set(t.Context(), "three", "other", time.Minute).Err())
 	}
 	_, err = ObtainQuorum(t.Context(), q.masters, "three", 10*time.Second)
-	require.ErrorIs(t, err, ErrLockNotAcquired)
+	require.ErrorIs(t, err, ErrNotObtained)
 	assert.Eventually(t, func() bool {
 		return q.clients[3].Exists(t.Context(), "three").Val()+q.clients[4].Exists(t.Context(), "three").Val() == 0
 	}, 5*time.Second, 10*time.Millisecond, "the two masters it got are released")
@@ -236,7 +236,7 @@ func TestRedlockHeldElsewhere(t *testing.T) {
 }
 
 // TestRedlockContextEnds is issue 8 item 5 for ObtainQuorum: however ctx
-// ends (during a wait or during a round), the error is ErrLockNotAcquired
+// ends (during a wait or during a round), the error is ErrNotObtained
 // joined with ctx.Err().
 func TestRedlockContextEnds(t *testing.T) {
 	q := newQuorumSet(t)
@@ -246,15 +246,15 @@ func TestRedlockContextEnds(t *testing.T) {
 	bare := 0
 	for i := range 100 {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Duration(1+i%3)*time.Millisecond)
-		_, err := ObtainQuorum(ctx, q.masters, "held", time.Minute, WithLockRetry(LinearBackoff(time.Millisecond)))
+		_, err := ObtainQuorum(ctx, q.masters, "held", time.Minute, WithRetry(LinearBackoff(time.Millisecond)))
 		cancel()
-		if !errors.Is(err, ErrLockNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
 			if bare++; bare <= 3 {
 				t.Logf("run %d: ObtainQuorum = %v", i, err)
 			}
 		}
 	}
-	assert.Zero(t, bare, "ObtainQuorum returned an error without ErrLockNotAcquired and ctx.Err() in %d of 100 runs", bare)
+	assert.Zero(t, bare, "ObtainQuorum returned an error without ErrNotObtained and ctx.Err() in %d of 100 runs", bare)
 	assert.Equal(t, 5, q.holding("held", "other", all5...))
 }
 
@@ -294,7 +294,7 @@ func TestRedlockValidity(t *testing.T) {
 	require.NoError(t, l.Release(t.Context()))
 
 	_, err = ObtainQuorum(t.Context(), q.masters, "late", 80*time.Millisecond, WithQuorumWait(time.Second))
-	require.ErrorIs(t, err, ErrLockNotAcquired, "answers after the validity time do not make a lock")
+	require.ErrorIs(t, err, ErrNotObtained, "answers after the validity time do not make a lock")
 }
 
 // TestRedlockLostQuorumCancelsHold: three masters die while the work runs;
@@ -313,7 +313,7 @@ func TestRedlockLostQuorumCancelsHold(t *testing.T) {
 		return waitOrGiveUp(10*time.Second, &cancelled)(ctx)
 	})
 	assert.True(t, cancelled.Load(), "the work must be cancelled when the quorum is lost")
-	assert.ErrorIs(t, err, ErrLockLost)
+	assert.ErrorIs(t, err, ErrLost)
 }
 
 // TestRedlockMutualExclusion: workers contend with jittered retries; no two
@@ -329,7 +329,7 @@ func TestRedlockMutualExclusion(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			l, err := ObtainQuorum(ctx, q.masters, "mutex", 5*time.Second,
-				WithLockRetry(ExponentialBackoff(5*time.Millisecond, 50*time.Millisecond)))
+				WithRetry(ExponentialBackoff(5*time.Millisecond, 50*time.Millisecond)))
 			if err != nil {
 				errs <- err
 				return
@@ -406,7 +406,7 @@ func TestRedlockStaleReleaseAfterRetry(t *testing.T) {
 		return 10 * time.Millisecond, n <= 5
 	})
 	l, err := ObtainQuorum(t.Context(), q.masters, "job", 10*time.Second,
-		WithQuorumWait(200*time.Millisecond), WithLockRetry(retry))
+		WithQuorumWait(200*time.Millisecond), WithRetry(retry))
 	require.NoError(t, err)
 	require.True(t, rel.held.Load(), "the failed attempt's release on master 0 must have been held back")
 	open()
@@ -420,7 +420,7 @@ func TestRedlockStaleReleaseAfterRetry(t *testing.T) {
 		t.Error("a second client obtained the lock while the first held it")
 		_ = other.Release(t.Context())
 	} else {
-		assert.ErrorIs(t, err, ErrLockNotAcquired)
+		assert.ErrorIs(t, err, ErrNotObtained)
 	}
 	assert.NoError(t, l.Release(t.Context()))
 }
@@ -431,19 +431,19 @@ func TestObtainQuorumBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		masters []redis.Scripter
-		opts    []LockOption
+		opts    []Option
 		want    string
 	}{
 		{"no masters", nil, nil, "no masters"},
 		{"nil master", []redis.Scripter{q[0], nil}, nil, "nil master"},
-		{"bad wait", q, []LockOption{WithQuorumWait(0)}, "WithQuorumWait(0s)"},
-		{"bad retry", q, []LockOption{WithLockRetry(LinearBackoff(-time.Second))}, "LinearBackoff(-1s)"},
+		{"bad wait", q, []Option{WithQuorumWait(0)}, "WithQuorumWait(0s)"},
+		{"bad retry", q, []Option{WithRetry(LinearBackoff(-time.Second))}, "LinearBackoff(-1s)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ObtainQuorum(t.Context(), tc.masters, "k", time.Second, tc.opts...)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
-			assert.False(t, errors.Is(err, ErrLockNotAcquired))
+			assert.False(t, errors.Is(err, ErrNotObtained))
 		})
 	}
 }

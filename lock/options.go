@@ -1,68 +1,70 @@
 // lock_options.go holds the options of the standalone lock ([Obtain],
 // [ObtainQuorum], [Do]), their defaults and their validation.
 
-package cache
+package lock
 
 import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/stampede-go/stampede/internal/lease"
 )
 
-// LockOption configures one call of [Obtain], [ObtainQuorum] or [Do]. The
-// lock takes only LockOptions, never the cache's [Option]s. An invalid option
+// Option configures one call of [Obtain], [ObtainQuorum] or [Do]. The
+// lock takes only Options, never the cache's [Option]s. An invalid option
 // makes the call return an error (naming the option), without touching Redis;
 // lock functions never panic on their input.
-type LockOption func(*lockConfig)
+type Option func(*config)
 
-type lockConfig struct {
+type config struct {
 	retry      RetryStrategy
 	metadata   string
 	prefix     string
-	token      string        // "" until WithLockToken: a random token
-	tokenSet   bool          // WithLockToken was given
+	token      string        // "" until WithToken: a random token
+	tokenSet   bool          // WithToken was given
 	quorumWait time.Duration // 0 until WithQuorumWait: a tenth of the TTL
 	waitSet    bool          // WithQuorumWait was given
 	errs       []error       // what the options found wrong
 }
 
-// WithLockRetry sets what happens when the lock is held by someone else:
+// WithRetry sets what happens when the lock is held by someone else:
 // wait and retry as s says (see [RetryStrategy]), or give up at once.
 // Default: [NoRetry], one attempt. However s retries, the call also ends when
-// its context does, with [ErrLockNotAcquired] joined with ctx.Err().
-func WithLockRetry(s RetryStrategy) LockOption {
-	return func(c *lockConfig) {
+// its context does, with [ErrNotObtained] joined with ctx.Err().
+func WithRetry(s RetryStrategy) Option {
+	return func(c *config) {
 		if s.err != nil {
-			c.errs = append(c.errs, fmt.Errorf("WithLockRetry: %w", s.err))
+			c.errs = append(c.errs, fmt.Errorf("WithRetry: %w", s.err))
 		}
 		c.retry = s
 	}
 }
 
-// WithLockMetadata stores md with the lock, after the token, so that an
+// WithMetadata stores md with the lock, after the token, so that an
 // operator reading the key sees who holds it (a host name, a job ID).
 // [Lock.Metadata] returns it. Default: none.
-func WithLockMetadata(md string) LockOption {
-	return func(c *lockConfig) { c.metadata = md }
+func WithMetadata(md string) Option {
+	return func(c *config) { c.metadata = md }
 }
 
-// WithLockPrefix puts prefix before the key, as the cache's [WithPrefix]
+// WithPrefix puts prefix before the key, as the cache's [WithPrefix]
 // does for values ("myapp:lock:" + key). Default: none, the lock lives at
 // exactly key.
-func WithLockPrefix(prefix string) LockOption {
-	return func(c *lockConfig) { c.prefix = prefix }
+func WithPrefix(prefix string) Option {
+	return func(c *config) { c.prefix = prefix }
 }
 
-// WithLockToken sets the token that identifies the holder instead of 128
+// WithToken sets the token that identifies the holder instead of 128
 // random bits (32 hex digits, the default). A holder that knows the token
 // can obtain the lock again while it holds it, for example after a restart,
 // which renews the lease and replaces the metadata. Tokens must be unique to
 // each holder and must not be prefixes of one another: the lock compares the
 // start of the stored value with the token. token must not be empty.
-func WithLockToken(token string) LockOption {
-	return func(c *lockConfig) {
+func WithToken(token string) Option {
+	return func(c *config) {
 		if token == "" {
-			c.errs = append(c.errs, errors.New(`WithLockToken(""): token must not be empty`))
+			c.errs = append(c.errs, errors.New(`WithToken(""): token must not be empty`))
 		}
 		c.token, c.tokenSet = token, true
 	}
@@ -74,8 +76,8 @@ func WithLockToken(token string) LockOption {
 // next to the TTL, since the time spent waiting is taken from the lock's
 // validity. Default: a tenth of the TTL. d must be positive. It applies to
 // [ObtainQuorum] only; [Obtain] returns an error if given it.
-func WithQuorumWait(d time.Duration) LockOption {
-	return func(c *lockConfig) {
+func WithQuorumWait(d time.Duration) Option {
+	return func(c *config) {
 		if d <= 0 {
 			c.errs = append(c.errs, fmt.Errorf("WithQuorumWait(%v): wait must be positive", d))
 		}
@@ -83,10 +85,10 @@ func WithQuorumWait(d time.Duration) LockOption {
 	}
 }
 
-// newLockConfig applies opts and checks them with the key and TTL, for the
+// newConfig applies opts and checks them with the key and TTL, for the
 // function op ("Obtain", "ObtainQuorum", "Do").
-func newLockConfig(op, key string, ttl time.Duration, quorum bool, opts []LockOption) (lockConfig, error) {
-	var c lockConfig
+func newConfig(op, key string, ttl time.Duration, quorum bool, opts []Option) (config, error) {
+	var c config
 	for i, o := range opts {
 		if o == nil {
 			c.errs = append(c.errs, fmt.Errorf("option %d is nil", i))
@@ -107,10 +109,10 @@ func newLockConfig(op, key string, ttl time.Duration, quorum bool, opts []LockOp
 		if len(c.errs) == 1 && errors.Is(err, ErrEmptyKey) {
 			return c, ErrEmptyKey
 		}
-		return c, fmt.Errorf("cache: %s: %w", op, err)
+		return c, fmt.Errorf("lock: %s: %w", op, err)
 	}
 	if !c.tokenSet {
-		c.token = newToken()
+		c.token = lease.NewToken()
 	}
 	if !c.waitSet {
 		c.quorumWait = ttl / 10

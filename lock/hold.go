@@ -1,7 +1,7 @@
 // hold.go runs work while holding a lock: a watchdog renews the lease, and
 // the work's context is cancelled at once when the lease is lost.
 
-package cache
+package lock
 
 import (
 	"context"
@@ -11,23 +11,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrLockLost is the cause of the context that [Lock.Hold] gives its
+// ErrLost is the cause of the context that [Lock.Hold] gives its
 // function when the lease was lost while the function ran, and is part of
 // Hold's error then. Match it with errors.Is, and read it from the function's
 // context with context.Cause.
-var ErrLockLost = errors.New("cache: lock lost")
+var ErrLost = errors.New("lock: lock lost")
 
 // Hold runs fn while renewing the lock's lease, and returns fn's error.
 //
 // A watchdog refreshes the lease to its ttl (the one given to Obtain, or to
 // the last [Lock.Refresh]) every ttl/3 while fn runs; a refresh that fails
 // with a Redis error is retried every ttl/10. fn's context, derived from ctx,
-// is cancelled with the cause [ErrLockLost] at once when the lease is lost:
+// is cancelled with the cause [ErrLost] at once when the lease is lost:
 // when a refresh finds the lock no longer ours, or when refreshes have failed
 // until the lease can no longer be assumed valid (see [Lock.Validity]: the
 // last granted lease minus the clock drift margin), even while a refresh
 // call to a stalled Redis is still waiting for its reply. Hold then returns
-// errors.Join(ErrLockLost, fn's error) once fn returns. fn must watch its
+// errors.Join(ErrLost, fn's error) once fn returns. fn must watch its
 // context: Hold cannot stop work that ignores it, and another process may
 // take the lock as soon as the lease has run out.
 //
@@ -36,7 +36,7 @@ var ErrLockLost = errors.New("cache: lock lost")
 // keep it when the lease itself should keep others out, as for one run of a
 // scheduled job. On a nil Lock, or one whose lease can no longer be assumed
 // valid when Hold is called (see [Lock.Validity]: released, found lost, or
-// run out), Hold returns [ErrLockNotHeld] without calling fn. A panic in fn
+// run out), Hold returns [ErrNotHeld] without calling fn. A panic in fn
 // stops the watchdog and propagates.
 //
 // The watchdog is a goroutine that ends before Hold returns; a refresh call
@@ -45,13 +45,13 @@ var ErrLockLost = errors.New("cache: lock lost")
 // calling it concurrently on one Lock is safe but refreshes twice as often.
 func (l *Lock) Hold(ctx context.Context, fn func(ctx context.Context) error) error {
 	if l == nil {
-		return ErrLockNotHeld
+		return ErrNotHeld
 	}
 	if fn == nil {
-		return errors.New("cache: Hold: nil fn")
+		return errors.New("lock: Hold: nil fn")
 	}
 	if l.Validity() == 0 {
-		return ErrLockNotHeld // released, found lost, or its lease has run out
+		return ErrNotHeld // released, found lost, or its lease has run out
 	}
 	work, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -62,7 +62,7 @@ func (l *Lock) Hold(ctx context.Context, fn func(ctx context.Context) error) err
 		defer close(done)
 		if l.watch(ctx, stop) {
 			close(lost)
-			cancel(ErrLockLost)
+			cancel(ErrLost)
 		}
 	}()
 	err := func() error {
@@ -70,7 +70,7 @@ func (l *Lock) Hold(ctx context.Context, fn func(ctx context.Context) error) err
 		return fn(work)
 	}()
 	if isClosed(lost) {
-		return errors.Join(ErrLockLost, err)
+		return errors.Join(ErrLost, err)
 	}
 	return err
 }
@@ -104,7 +104,7 @@ func (l *Lock) watch(ctx context.Context, stop <-chan struct{}) bool {
 			case err == nil:
 				expiry.Reset(time.Until(l.validity()))
 				tick.Reset(every(l.lease(), 3))
-			case errors.Is(err, ErrLockNotHeld):
+			case errors.Is(err, ErrNotHeld):
 				return true
 			default: // a Redis error: try again soon, while the lease lasts
 				tick.Reset(every(l.lease(), 10))
@@ -120,19 +120,19 @@ func every(ttl time.Duration, n int) time.Duration {
 
 // Do runs fn while holding the lock at key: it obtains the lock as [Obtain]
 // does (with the same options, ttl and errors: when another process holds
-// it, Do returns [ErrLockNotAcquired] without calling fn), runs fn under
+// it, Do returns [ErrNotObtained] without calling fn), runs fn under
 // [Lock.Hold], and then releases the lock. It returns fn's error, joined with
-// [ErrLockLost] if the lease was lost while fn ran, and with the release's
+// [ErrLost] if the lease was lost while fn ran, and with the release's
 // error if that failed. This is the shape of a worker that should run on
 // one instance at a time, the others skipping:
 //
-//	err := cache.Do(ctx, rdb, "sync:customer:"+id, 15*time.Second, syncCustomer)
-//	if errors.Is(err, cache.ErrLockNotAcquired) { /* another instance has it */ }
+//	err := lock.Do(ctx, rdb, "sync:customer:"+id, 15*time.Second, syncCustomer)
+//	if errors.Is(err, lock.ErrNotObtained) { /* another instance has it */ }
 //
 // The release runs even when ctx has ended, bounded by ttl.
-func Do(ctx context.Context, rdb redis.Scripter, key string, ttl time.Duration, fn func(ctx context.Context) error, opts ...LockOption) error {
+func Do(ctx context.Context, rdb redis.Scripter, key string, ttl time.Duration, fn func(ctx context.Context) error, opts ...Option) error {
 	if fn == nil {
-		return errors.New("cache: Do: nil fn")
+		return errors.New("lock: Do: nil fn")
 	}
 	l, err := Obtain(ctx, rdb, key, ttl, opts...)
 	if err != nil {
@@ -141,7 +141,7 @@ func Do(ctx context.Context, rdb redis.Scripter, key string, ttl time.Duration, 
 	err = l.Hold(ctx, fn)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 	defer cancel()
-	if rerr := l.Release(rctx); rerr != nil && !errors.Is(err, ErrLockLost) {
+	if rerr := l.Release(rctx); rerr != nil && !errors.Is(err, ErrLost) {
 		err = errors.Join(err, rerr)
 	}
 	return err

@@ -1,7 +1,7 @@
 // hold_test.go proves Lock.Hold and Do: the lease is renewed while the work
 // runs, and the work's context is cancelled at once when the lease is lost.
 
-package cache
+package lock
 
 import (
 	"context"
@@ -137,8 +137,8 @@ func TestHoldCancelsAtOnceWhenLockTaken(t *testing.T) {
 	})
 	assert.True(t, cancelled.Load(), "the work must be cancelled when a refresh finds the lock taken")
 	assert.Less(t, time.Since(start), ttl-500*time.Millisecond, "cancelled at the refresh that found the lock taken, not at the end of the lease")
-	assert.ErrorIs(t, cause, ErrLockLost, "context.Cause must say why")
-	assert.ErrorIs(t, err, ErrLockLost)
+	assert.ErrorIs(t, cause, ErrLost, "context.Cause must say why")
+	assert.ErrorIs(t, err, ErrLost)
 	assert.ErrorIs(t, err, context.Canceled, "fn's own error comes back too")
 	assert.Zero(t, l.Validity())
 }
@@ -164,7 +164,7 @@ func TestHoldCancelsWhenStalledRedisOutlivesLease(t *testing.T) {
 		return err
 	})
 	require.True(t, cancelled.Load(), "the work must be cancelled while the refresh still hangs")
-	assert.ErrorIs(t, err, ErrLockLost)
+	assert.ErrorIs(t, err, ErrLost)
 	assert.GreaterOrEqual(t, at, ttl-clockDrift(ttl)-5*time.Millisecond, "cancelled before the lease ran out")
 	assert.Less(t, at, ttl+time.Second, "cancelled long after the lease ran out (loose bound)")
 	assert.Equal(t, int64(1), f.calls.Load(), "one refresh, still hanging")
@@ -208,7 +208,7 @@ func TestHoldRefreshErrorsUntilLeaseEnds(t *testing.T) {
 		return err
 	})
 	require.True(t, cancelled.Load())
-	assert.ErrorIs(t, err, ErrLockLost)
+	assert.ErrorIs(t, err, ErrLost)
 	assert.GreaterOrEqual(t, at, ttl-clockDrift(ttl)-5*time.Millisecond, "a Redis error is not a lost lock while the lease lasts")
 	assert.Less(t, at, ttl+time.Second)
 	assert.GreaterOrEqual(t, f.failed.Load(), int64(2), "failed refreshes are retried")
@@ -224,7 +224,7 @@ func TestHoldParentCancelled(t *testing.T) {
 	err = l.Hold(ctx, waitOrGiveUp(5*time.Second, &cancelled))
 	assert.True(t, cancelled.Load())
 	assert.ErrorIs(t, err, context.Canceled)
-	assert.NotErrorIs(t, err, ErrLockLost, "the caller's cancel is not a lost lock")
+	assert.NotErrorIs(t, err, ErrLost, "the caller's cancel is not a lost lock")
 	assert.Equal(t, l.Token(), rdb.Get(t.Context(), p+"k").Val())
 }
 
@@ -240,14 +240,14 @@ func TestHoldNeedsAValidLease(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, released.Release(t.Context()))
 	called, err := run(released)
-	assert.ErrorIs(t, err, ErrLockNotHeld)
+	assert.ErrorIs(t, err, ErrNotHeld)
 	assert.False(t, called, "Hold must not run fn on a released lock")
 
 	expired, err := Obtain(t.Context(), rdb, p+"expired", 20*time.Millisecond)
 	require.NoError(t, err)
 	time.Sleep(30 * time.Millisecond)
 	called, err = run(expired)
-	assert.ErrorIs(t, err, ErrLockNotHeld)
+	assert.ErrorIs(t, err, ErrNotHeld)
 	assert.False(t, called, "Hold must not run fn once the lease has run out")
 }
 
@@ -272,7 +272,7 @@ func TestDo(t *testing.T) {
 		runs.Add(1)
 		// A second instance arrives while the first works.
 		err := Do(ctx, rdb, key, time.Minute, func(context.Context) error { runs.Add(1); return nil })
-		if errors.Is(err, ErrLockNotAcquired) {
+		if errors.Is(err, ErrNotObtained) {
 			skips.Add(1)
 		}
 		return nil

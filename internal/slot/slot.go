@@ -1,0 +1,93 @@
+// Package slot computes Redis Cluster key slots and names keys that must
+// share a slot with another key: the cache's load locks and channels, the
+// lock's fencing counters.
+package slot
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Count is the number of Redis Cluster slots.
+const Count = 16384
+
+// Of is the Redis Cluster slot of key: CRC16 of its hash tag (the text
+// between the first '{' and the next '}', when not empty), else of the key.
+func Of(key string) uint16 {
+	if tag, ok := hashTag(key); ok {
+		key = tag
+	}
+	return CRC16(key) % Count
+}
+
+func hashTag(key string) (string, bool) {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			return key[open+1 : open+1+end], true
+		}
+	}
+	return "", false
+}
+
+// Tag returns a short string that hashes to slot s, so that "{"+Tag(s)+"}..."
+// is a key of slot s.
+func Tag(s uint16) string { return tags()[s%Count] }
+
+// tags maps each cluster slot to a short string that hashes to it, built
+// once on first use (109,758 decimal strings are hashed before every slot
+// has one).
+var tags = sync.OnceValue(func() []string {
+	t := make([]string, Count)
+	for n, left := 0, Count; left > 0; n++ {
+		s := strconv.Itoa(n)
+		if c := CRC16(s) % Count; t[c] == "" {
+			t[c] = s
+			left--
+		}
+	}
+	return t
+})
+
+// Companion returns the name of a key that belongs to key: in key's slot,
+// distinct for every key (one-to-one), and starting with key itself whenever
+// key has no stray '{', so that an ACL pattern that grants key grants it too.
+// suffix must not contain '{' or '}'.
+//
+//   - key has a hash tag: key+suffix (the tag still decides the slot);
+//   - key has no '{': key+"{T}"+suffix, where T hashes to key's slot;
+//   - otherwise ('{' without a tag): "{T}"+suffix+key.
+func Companion(key, suffix string) string {
+	if _, ok := hashTag(key); ok {
+		return key + suffix
+	}
+	t := "{" + Tag(Of(key)) + "}"
+	if strings.IndexByte(key, '{') < 0 {
+		return key + t + suffix
+	}
+	return t + suffix + key
+}
+
+// CRC16 is CRC-16/XMODEM, the hash of Redis Cluster key slots.
+func CRC16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
