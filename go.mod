@@ -12,5 +12,6 @@ require (
 require (
 	github.com/cespare/xxhash/v2 v2.2.0 // indirect
 	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
+	github.com/maypok86/otter/v2 v2.4.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )

@@ -13,5 +13,8 @@ func (c *Cache[V]) Close() error {
 	c.closed = true
 	c.bgMu.Unlock()
 	c.bg.Wait()
+	if c.near != nil {
+		c.near.close()
+	}
 	return nil
 }

@@ -4,7 +4,10 @@
 
 package cache
 
-import "time"
+import (
+	"runtime/debug"
+	"time"
+)
 
 // EventKind says what an [Event] reports.
 type EventKind uint8
@@ -47,13 +50,26 @@ const (
 	EventBreakerOpen
 	// EventBreakerClose: a probe succeeded; Redis is used again.
 	EventBreakerClose
+	// EventNearHit: a value was served from the near cache (see
+	// [WithNearCache]), with no Redis call.
+	EventNearHit
+	// EventNearInvalidation: a write of the key, here or in any process,
+	// dropped it from the near cache.
+	EventNearInvalidation
+	// EventNearEviction: the near cache's byte budget pushed the key out.
+	EventNearEviction
+	// EventNearDrop: the near cache was emptied because invalidations could
+	// have been missed (a lost connection, a reconnect, a change of masters)
+	// or Redis was flushed. Key is "".
+	EventNearDrop
 )
 
 var eventNames = [...]string{
 	EventHit: "hit", EventMiss: "miss", EventLoad: "load", EventLockContended: "lock_contended",
 	EventWait: "wait", EventWoken: "woken", EventLockLost: "lock_lost", EventStaleServed: "stale_served",
 	EventRefresh: "refresh", EventRedisError: "redis_error", EventBreakerOpen: "breaker_open",
-	EventBreakerClose: "breaker_close",
+	EventBreakerClose: "breaker_close", EventNearHit: "near_hit", EventNearInvalidation: "near_invalidation",
+	EventNearEviction: "near_eviction", EventNearDrop: "near_drop",
 }
 
 // String returns the kind's snake_case name, for metric and log labels.
@@ -79,10 +95,16 @@ type Event struct {
 // hit path too, so it must be quick, must not block, and must be safe for
 // concurrent use. Given more than once, every fn gets every event, in the
 // order given (metrics and logs, say). Default: none (no cost).
+//
+// A panic in fn neither crashes the process (fn also runs on the cache's
+// own goroutines: background refreshes, GetOrLoadMany's work) nor fails
+// the call: it is recovered, passed to [WithErrorHook] as a [*PanicError]
+// (its message says "observer panicked"), and the work goes on as if fn
+// had returned. The other observers still get the event.
 func WithObserver(fn func(Event)) Option {
 	return func(c *config) {
 		if prev := c.observer; prev != nil && fn != nil {
-			c.observer = func(e Event) { prev(e); fn(e) }
+			c.observer = func(e Event) { defer fn(e); prev(e) } // deferred: fn gets e even if prev panics
 			return
 		}
 		if fn != nil {
@@ -93,6 +115,17 @@ func WithObserver(fn func(Event)) Option {
 
 func (c *config) emit(kind EventKind, key string, d time.Duration, err error) {
 	if c.observer != nil {
-		c.observer(Event{Kind: kind, Key: key, Duration: d, Err: err})
+		c.observe(Event{Kind: kind, Key: key, Duration: d, Err: err})
 	}
+}
+
+// observe calls the observer, reporting a panic to the error hook instead
+// of letting it end the goroutine (see WithObserver).
+func (c *config) observe(e Event) {
+	defer func() {
+		if p := recover(); p != nil && c.onError != nil {
+			c.onError(e.Key, &PanicError{in: "observer", Value: p, stack: debug.Stack()})
+		}
+	}()
+	c.observer(e)
 }

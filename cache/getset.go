@@ -37,7 +37,7 @@ func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 		return zero, ErrCircuitOpen
 	}
 	at := time.Now()
-	b, err := c.rdb.Get(ctx, key).Bytes()
+	b, err := c.reads.get(ctx, key)
 	switch c.redisCall(key, err) {
 	case errNone:
 	default:
@@ -79,6 +79,7 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V) error {
 		return fmt.Errorf("cache: encode value for %q: %w", key, err)
 	}
 	defer c.group.Forget(key) // later callers must not join a flight that began before the write
+	defer c.nearDrop(key)
 	record, px := c.record(data, 0, c.cfg.ttl)
 	for attempt := 1; ; attempt++ {
 		err := setScript.Run(ctx, c.rdb, []string{key, LockKey(key)}, record, px.Milliseconds(), c.notify.channel(key)).Err()

@@ -39,8 +39,10 @@ type Cache[V any] struct {
 	deadline sharedDeadline     // bounds the GETs of flights
 	group    singleflight.Group // merges this process's callers of one key
 	calls    sync.Pool          // *flightCall[V]: a caller's request to group
+	reads    *coalescer         // sends concurrent flights' GETs together
 	brk      breaker
 	notify   *notifier // wakes waiters; nil: they poll
+	near     *near[V]  // values kept in memory; nil: off (see WithNearCache)
 
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
@@ -59,6 +61,10 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.brk.threshold, c.brk.coolDown = int32(c.cfg.breaker.failures), c.cfg.breaker.coolDown
 	c.notify = newNotifier(rdb)
+	c.reads = newCoalescer(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) })
+	if c.cfg.near.on {
+		c.near = newNear(c)
+	}
 	return c
 }
 
@@ -66,6 +72,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 type result[V any] struct {
 	data      []byte      // the codec's bytes; each caller decodes its own copy
 	notFound  error       // non-nil: the value does not exist; what callers get
+	err       error       // non-nil: the codec panicked reading the record; what callers get
 	v         V           // on a hit, data already decoded once...
 	hasV      bool        // ...for the first caller to take
 	taken     atomic.Bool // whether v has been handed out
@@ -115,6 +122,10 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 	if load == nil {
 		return zero, ErrNilLoader
 	}
+	if v, ok := c.nearGet(key); ok {
+		return v, nil
+	}
+	tk := c.nearTicket(key) // before start: every read this caller takes is sent after it
 	start := time.Now()
 	for {
 		v, err := c.merged(ctx, key, load)
@@ -129,6 +140,9 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 		}
 		if res.stale {
 			markStale(ctx)
+		}
+		if c.near != nil {
+			c.near.keep(c, key, tk, res)
 		}
 		return c.value(res)
 	}
@@ -190,9 +204,9 @@ func (v valuesOf) Value(key any) any { return v.values.Value(key) }
 
 // value hands a flight's result to one caller.
 func (c *Cache[V]) value(r *result[V]) (V, error) {
-	if r.notFound != nil {
+	if r.notFound != nil || r.err != nil {
 		var zero V
-		return zero, r.notFound
+		return zero, errors.Join(r.notFound, r.err)
 	}
 	if r.hasV && !r.taken.Swap(true) {
 		return r.v, nil
@@ -202,12 +216,29 @@ func (c *Cache[V]) value(r *result[V]) (V, error) {
 
 // decodeCopy decodes a caller's own copy (its v escapes to the codec; kept
 // out of value so that a caller handed the decoded value allocates none).
+// A panicking codec is an error: this runs on callers' goroutines and on
+// the library's own.
 func (c *Cache[V]) decodeCopy(data []byte) (V, error) {
 	var v V
-	if err := c.cfg.codec.Unmarshal(data, &v); err != nil {
-		return v, fmt.Errorf("cache: decode value: %w", err)
+	if err := c.unmarshal(data, &v); err != nil {
+		var zero V
+		return zero, err
 	}
 	return v, nil
+}
+
+// unmarshal decodes data into v, turning a codec panic into a
+// [*PanicError] (an error the codec returned is wrapped as "decode value").
+func (c *Cache[V]) unmarshal(data []byte, v *V) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{in: "codec", Value: p, stack: debug.Stack()}
+		}
+	}()
+	if err := c.cfg.codec.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("cache: decode value: %w", err)
+	}
+	return nil
 }
 
 // Delete removes the values at keys and their load locks. A load in flight
@@ -228,6 +259,7 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 		full[i] = k
 	}
 	defer func() {
+		c.nearDrop(full...)
 		for _, k := range full {
 			c.group.Forget(k) // later callers must not join a flight that began before the delete
 		}
@@ -307,7 +339,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	if !c.brk.allow() {
 		return c.redisFailed(ctx, key, ErrCircuitOpen, load)
 	}
-	b, err := c.rdb.Get(ctx, key).Bytes()
+	b, err := c.reads.get(ctx, key)
 	var skip []byte // bytes at key we could not decode: a miss, to be replaced
 	switch class := c.redisCall(key, err); {
 	case err == nil:
@@ -363,7 +395,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			// background: on a stalled Redis a second round trip would double
 			// the wait before the failure policy applies. The goroutine ends
 			// with the release, which is bounded like every commit and release.
-			go c.release(ctx, key, lk)
+			go c.release(ctx, key, lk, at)
 			if transient != nil && ctx.Err() != nil { // the load timeout ended a transient wait: name both
 				return nil, fmt.Errorf("cache: redis: still failing when the load timeout ended: %w", errors.Join(transient, err))
 			}
@@ -414,8 +446,12 @@ func (c *Cache[V]) decode(b []byte, at time.Time) *result[V] {
 		return &result[V]{notFound: ErrNotFound, at: at}
 	}
 	r := &result[V]{data: payload, hasV: true, at: at}
-	if c.cfg.codec.Unmarshal(payload, &r.v) != nil {
-		return nil
+	if err := c.unmarshal(payload, &r.v); err != nil {
+		var pe *PanicError
+		if !errors.As(err, &pe) {
+			return nil // bytes this codec cannot read: a miss, to be replaced
+		}
+		return &result[V]{err: err, at: at} // a broken codec: reloading would not help
 	}
 	r.fresh, _ = readFreshness(b)
 	r.throttled = b[1]&flagThrottled != 0
@@ -429,6 +465,9 @@ func (c *Cache[V]) decode(b []byte, at time.Time) *result[V] {
 func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Context) (V, error), r *result[V]) *result[V] {
 	if r == nil {
 		return nil
+	}
+	if r.err != nil {
+		return r
 	}
 	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
 	case ageFresh:
@@ -462,10 +501,9 @@ func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked ti
 		record := encodeFresh(flagThrottled, freshness{expiry: time.Now().Add(c.cfg.throttle), load: took}, stale)
 		c.commit(ctx, key, lk, locked, record, addSat(c.cfg.throttle, c.cfg.stale))
 	case err != nil:
-		c.release(ctx, key, lk)
+		c.release(ctx, key, lk, locked)
 	case opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0:
-		c.release(ctx, key, lk)
-		r.at = locked
+		r.at = c.release(ctx, key, lk, locked) // callers merged with the load get it (see DoNotCache)
 	case r.notFound != nil:
 		r.at = c.commit(ctx, key, lk, locked, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
 	default:
@@ -556,18 +594,25 @@ func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, locked 
 }
 
 // release gives the lock up; if it is no longer ours there is nothing to do.
-func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock) {
+// Like commit, it returns the time that vouches for what the holder loaded:
+// the release's when the lock was still ours (no Delete or Set came
+// between), else locked.
+func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock, locked time.Time) time.Time {
 	ctx, cancel := c.cleanup(ctx)
 	defer cancel()
 	for attempt := 1; ; attempt++ {
+		at := time.Now()
 		err := lk.release(ctx, c.rdb, c.notify.channel(key))
 		if c.redisCall(key, err) == errTransient && c.cfg.retry.wait(ctx, attempt) {
 			continue
 		}
-		if err != nil && !errors.Is(err, ErrLoadLockLost) {
+		if err == nil {
+			return at
+		}
+		if !errors.Is(err, ErrLoadLockLost) {
 			c.report(key, fmt.Errorf("cache: release lock of %q: %w", key, err))
 		}
-		return
+		return locked
 	}
 }
 

@@ -67,6 +67,7 @@ type config struct {
 		failures int // 0: off
 		coolDown time.Duration
 	}
+	near nearConfig // see near.go
 }
 
 func newConfig(opts []Option) config {
@@ -95,6 +96,9 @@ func newConfig(opts []Option) config {
 		c.retry.max = int((c.loadTimeout + c.retry.backoff - 1) / c.retry.backoff)
 	}
 	if err := c.validate(); err != nil {
+		panic(err)
+	}
+	if err := c.near.validate(); err != nil {
 		panic(err)
 	}
 	return c

@@ -1,0 +1,242 @@
+// near.go is the near cache: fresh values kept in process memory, bounded by
+// bytes, so that a hot key's hit is a memory read instead of a Redis round
+// trip. The store is otter (W-TinyLFU admission: a scan of cold keys does not
+// flush the hot ones); coherence.go drops what other writes made old.
+
+package cache
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+)
+
+// nearEntryOverhead is what an entry costs besides its key and payload: the
+// entry struct, otter's node and its hash-table slot, as measured by
+// TestNearCacheStaysWithinItsBudget.
+const nearEntryOverhead = 160
+
+// Near-cache defaults.
+const (
+	defaultNearMaxAge = 2 * time.Second
+)
+
+// WithNearCache keeps fresh values in process memory, up to maxBytes (keys,
+// payloads and a per-entry overhead counted), so that hits of hot keys need
+// no Redis round trip. Off by default.
+//
+// Coherence: a value is dropped from every process's memory when anything
+// writes or deletes its key in Redis (this library in any process, another
+// program, redis-cli, an expiry or an eviction), through Redis client-side
+// caching in broadcast mode on one extra connection per master; give the
+// cache a prefix ([WithPrefix]) so that only its own keys are reported. The
+// drop reaches other processes within a network delay, not before Delete or
+// Set returns: with the near cache on, a GetOrLoad in another process that
+// begins right after a Delete returned may still get the old value from
+// memory, for about a round trip (this process's own Delete and Set drop
+// the key before they return). While a process cannot be sure it receives
+// invalidations (a lost or silent connection, a reconnect, a change of
+// masters, the circuit breaker open), it drops everything and reads through
+// Redis until it is sure again. Nothing is kept longer than its TTL nor than
+// [WithNearMaxAge], which bounds the harm of an invalidation lost without
+// the connection noticing.
+//
+// Only values whose record carries its expiry are kept: the near cache
+// turns on the freshness metadata that early refresh and stale serving use.
+// Values due for early refresh and stale values are served through Redis,
+// which starts their refresh as without a near cache.
+//
+// Each caller gets its own copy, decoded from the stored bytes (no network,
+// but a decode per hit); [WithNearShared] hands out one decoded value
+// instead. Supported clients: *redis.Client (including a failover client),
+// *redis.ClusterClient (a connection per master) and *redis.Ring (one per
+// shard). Requires Redis 6.0 or later (CLIENT TRACKING).
+func WithNearCache(maxBytes int64) Option {
+	return func(c *config) { c.near.on, c.near.maxBytes = true, maxBytes }
+}
+
+// WithNearMaxAge bounds how long a value stays in the near cache after it
+// was read from Redis, whatever its TTL: the longest an old value can be
+// served if an invalidation is lost without its connection noticing.
+// Default: 2s. It has no effect without [WithNearCache].
+func WithNearMaxAge(d time.Duration) Option {
+	return func(c *config) { c.near.maxAge, c.near.maxAgeSet = d, true }
+}
+
+// WithNearShared makes near-cache hits return the one decoded value kept in
+// memory, shared by every caller, instead of decoding a copy for each: the
+// fastest path, for values that callers treat as read-only (a caller that
+// modifies a map, slice or pointer in it changes what every other caller
+// gets). It has no effect without [WithNearCache].
+func WithNearShared() Option {
+	return func(c *config) { c.near.shared = true }
+}
+
+// nearConfig is the near cache's part of config.
+type nearConfig struct {
+	on        bool
+	maxBytes  int64
+	maxAge    time.Duration // see WithNearMaxAge; set by validate when not given
+	maxAgeSet bool
+	shared    bool
+}
+
+// validate checks the near-cache options and fills in the defaults.
+func (n *nearConfig) validate() error {
+	switch {
+	case !n.on:
+		return nil
+	case n.maxBytes <= 0:
+		return fmt.Errorf("cache: WithNearCache(%d): maxBytes must be positive", n.maxBytes)
+	case n.maxAgeSet && n.maxAge <= 0:
+		return fmt.Errorf("cache: WithNearMaxAge(%v): duration must be positive", n.maxAge)
+	case !n.maxAgeSet:
+		n.maxAge = defaultNearMaxAge
+	}
+	return nil
+}
+
+// nearEntry is one value in memory.
+type nearEntry[V any] struct {
+	data  []byte // the codec's bytes: each caller decodes its own copy
+	v     V      // decoded once, for WithNearShared
+	until int64  // nanotime after which the entry is not served
+}
+
+// near is a Cache's near cache; it is safe for concurrent use.
+type near[V any] struct {
+	store  *otter.Cache[string, *nearEntry[V]]
+	track  *tracker
+	shared bool
+	maxAge time.Duration
+}
+
+func newNear[V any](c *Cache[V]) *near[V] {
+	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge}
+	n.store = otter.Must(&otter.Options[string, *nearEntry[V]]{
+		MaximumWeight: uint64(c.cfg.near.maxBytes),
+		Weigher: func(k string, e *nearEntry[V]) uint32 {
+			return uint32(min(len(k)+len(e.data)+nearEntryOverhead, math.MaxUint32))
+		},
+		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, *nearEntry[V]]) time.Duration {
+			return max(time.Duration(e.Value.until-nanotime()), time.Nanosecond)
+		}),
+		OnDeletion: func(e otter.DeletionEvent[string, *nearEntry[V]]) {
+			if e.Cause == otter.CauseOverflow {
+				c.cfg.emit(EventNearEviction, e.Key, 0, nil)
+			}
+		},
+	})
+	n.track = newTracker(c.rdb, c.cfg.prefix, func(key string, all bool) {
+		if all {
+			n.store.InvalidateAll()
+			c.cfg.emit(EventNearDrop, "", 0, nil)
+			return
+		}
+		if _, ok := n.store.Invalidate(key); ok {
+			c.cfg.emit(EventNearInvalidation, key, 0, nil)
+		}
+	})
+	return n
+}
+
+// get returns key's value from memory, if it is there, fresh, and the
+// tracker is sure of its invalidations.
+func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
+	if !n.track.ready.Load() || c.brk.open() {
+		return v, false
+	}
+	e, ok := n.store.GetIfPresent(key)
+	if !ok || nanotime() >= e.until {
+		return v, false
+	}
+	if n.shared {
+		return e.v, true
+	}
+	v, err := c.decodeCopy(e.data)
+	return v, err == nil // a copy that does not decode: read through Redis, which reports it
+}
+
+// keep stores a fresh result read under tk, unless an invalidation of its
+// key (or of everything) came since tk was taken. It stores first and checks
+// after, removing its own entry if the check fails: an invalidation that
+// lands between a check and a store could otherwise leave an old value.
+func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
+	if !tk.ok || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.expiry.IsZero() {
+		return
+	}
+	left := time.Until(r.fresh.expiry) // a wall-clock expiry, as Redis's own
+	if c.cfg.beta > 0 {
+		left -= refreshLead(c.cfg.beta, r.fresh, r.head)
+	}
+	left = min(left, n.maxAge)
+	if left <= 0 {
+		return
+	}
+	e := &nearEntry[V]{data: r.data, until: nanotime() + int64(left)}
+	if n.shared {
+		var err error
+		if e.v, err = c.decodeCopy(r.data); err != nil {
+			return
+		}
+	}
+	n.store.Set(key, e)
+	if !n.track.valid(tk) {
+		n.store.ComputeIfPresent(key, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
+			if old == e {
+				return nil, otter.InvalidateOp
+			}
+			return old, otter.CancelOp
+		})
+	}
+}
+
+// refreshLead is how long before its expiry a record is due for early
+// refresh (see config.xfetch): load*max(1, beta*-ln(u)).
+func refreshLead(beta float64, f freshness, head []byte) time.Duration {
+	if head == nil {
+		return f.load
+	}
+	return time.Duration(float64(f.load) * max(1, beta*-math.Log(drawFor(head))))
+}
+
+func (n *near[V]) close() {
+	n.track.close()
+	n.store.InvalidateAll()
+	n.store.StopAllGoroutines()
+}
+
+// nearTicket takes a ticket for a read of key (a zero one without a near
+// cache).
+func (c *Cache[V]) nearTicket(key string) ticket {
+	if c.near == nil {
+		return ticket{}
+	}
+	return c.near.track.take(key)
+}
+
+// nearDrop drops key from this process's memory before a write of it
+// returns, and voids reads of it in flight.
+func (c *Cache[V]) nearDrop(keys ...string) {
+	if c.near == nil {
+		return
+	}
+	for _, k := range keys {
+		c.near.track.invalidate(k)
+	}
+}
+
+// nearGet is GetOrLoad's first step with a near cache.
+func (c *Cache[V]) nearGet(key string) (V, bool) {
+	if c.near == nil {
+		var zero V
+		return zero, false
+	}
+	v, ok := c.near.get(c, key)
+	if ok {
+		c.cfg.emit(EventNearHit, key, 0, nil)
+	}
+	return v, ok
+}
