@@ -229,6 +229,7 @@ func (b *batch[V]) run() {
 	uncached = append(uncached, lost...)
 	for _, k := range others {
 		waits.Go(func() {
+			defer b.guard(k)
 			name := b.name[k]
 			v, err := c.GetOrLoad(b.ctx, name, b.single(k))
 			switch {
@@ -241,6 +242,14 @@ func (b *batch[V]) run() {
 		})
 	}
 	b.load(ctx, uncached)
+}
+
+// guard, deferred by a goroutine of the batch working on key, turns a
+// panic into key's error instead of a crash of the process.
+func (b *batch[V]) guard(key string) {
+	if p := recover(); p != nil {
+		b.fail(key, &PanicError{in: "batch", Value: p, stack: debug.Stack()})
+	}
 }
 
 // read is the pipelined GET of every key. Hits are answered; it returns
@@ -275,6 +284,11 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 			continue
 		}
 		hit := func() {
+			defer func() { // perhaps on a goroutine of its own: a panic is the key's error
+				if p := recover(); p != nil {
+					hits[i] = &result[V]{err: &PanicError{in: "batch", Value: p, stack: debug.Stack()}}
+				}
+			}()
 			raw, _ := cmds[i].Bytes()
 			hits[i] = c.found(ctx, k, b.single(k), c.decode(raw, at))
 		}
@@ -513,8 +527,9 @@ type lockOp struct {
 // commitMany ends every lock of ops in one pipelined round, as commit and
 // release do for one: fenced by the lock's token, announced to waiters,
 // transient cluster errors retried within the retry budget and the lease.
-// It returns, for each op, when the commit that stored its record was
-// sent; zero when nothing was stored.
+// It returns, for each op, when the call that vouches for its value was
+// sent (the commit that stored it, or the release that found the lock still
+// ours, as for [DoNotCache]); zero when the lock was lost.
 func (c *Cache[V]) commitMany(ctx context.Context, ops []lockOp) []time.Time {
 	stored := make([]time.Time, len(ops))
 	if len(ops) == 0 {
@@ -562,7 +577,7 @@ func (c *Cache[V]) commitMany(ctx context.Context, ops []lockOp) []time.Time {
 			case n == 0 && op.record != nil:
 				c.cfg.emit(EventLockLost, op.key, 0, ErrLoadLockLost)
 				c.report(op.key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", op.key, ErrLoadLockLost))
-			case op.record != nil:
+			case n == 1: // stored, or released while still ours: no Delete or Set came between
 				stored[i] = at
 			}
 		}

@@ -748,3 +748,43 @@ func BenchmarkGetOrLoadMany(b *testing.B) {
 		report(b, loads.Load(), rt)
 	})
 }
+
+func TestGetOrLoadManyDoNotCacheIsSharedWithMergedCallers(t *testing.T) {
+	// GetOrLoad callers that join a batch's DoNotCache load of their key
+	// get its value instead of loading it again.
+	rdb, p := setup(t)
+	c := New[product](rdb)
+	key := p + "k"
+	loading, release := make(chan struct{}), make(chan struct{})
+	batch := make(chan error, 1)
+	go func() {
+		_, err := c.GetOrLoadMany(context.Background(), []string{key}, func(ctx context.Context, ks []string) (map[string]product, error) {
+			close(loading)
+			<-release
+			DoNotCache(ctx)
+			return map[string]product{key: {ID: "v"}}, nil
+		})
+		batch <- err
+	}()
+	<-loading
+	var loads atomic.Int64
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			v, err := c.GetOrLoad(t.Context(), key, func(context.Context) (product, error) {
+				loads.Add(1)
+				return product{ID: "again"}, nil
+			})
+			if assert.NoError(t, err) {
+				assert.Equal(t, "v", v.ID)
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond) // the 20 join the batch's flight
+	close(release)
+	wg.Wait()
+	require.NoError(t, <-batch)
+	if got := loads.Load(); got != 0 {
+		t.Fatalf("20 callers merged with a batch's DoNotCache load loaded %d more times; want 0", got)
+	}
+}

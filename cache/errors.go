@@ -56,12 +56,18 @@ var (
 	ErrNilLoader = errors.New("cache: nil loader")
 )
 
-// PanicError is a panic in the loader (or the codec) turned into an error,
-// so that every merged caller gets it instead of the process crashing. Match
-// it with errors.As; errors.Is sees an error value the loader panicked with.
+// PanicError is a panic in a function the caller passed (the loader, the
+// codec, the observer) turned into an error, so that the process does not
+// crash, whichever goroutine ran it. A panic in the loader or the codec is
+// returned to every caller that needed that work (decoding a caller's copy:
+// to that caller); a panic in the observer is not returned to anyone, it
+// goes to [WithErrorHook] and the work goes on (see [WithObserver]). Match
+// it with errors.As; errors.Is sees an error value the function panicked
+// with. The message names where the panic happened: "loader", "codec",
+// "observer", or "flight" and "batch" for the cache's own work around them.
 type PanicError struct {
-	Value any    // what the loader passed to panic
-	in    string // "loader", "codec" or "flight"
+	Value any    // what the function passed to panic
+	in    string // "loader", "codec", "observer", "flight" or "batch"
 	stack []byte
 }
 

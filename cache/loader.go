@@ -206,7 +206,10 @@ func (v valuesOf) Value(key any) any { return v.values.Value(key) }
 func (c *Cache[V]) value(r *result[V]) (V, error) {
 	if r.notFound != nil || r.err != nil {
 		var zero V
-		return zero, errors.Join(r.notFound, r.err)
+		if r.err != nil {
+			return zero, r.err
+		}
+		return zero, r.notFound
 	}
 	if r.hasV && !r.taken.Swap(true) {
 		return r.v, nil

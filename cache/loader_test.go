@@ -484,7 +484,7 @@ func TestGetOrLoadCodecPanicIsAnError(t *testing.T) {
 	require.NoError(t, rdb.Set(t.Context(), p+"hit", encodeRecord(0, []byte(`{}`)), time.Minute).Err())
 	_, err = c.GetOrLoad(t.Context(), p+"hit", (&counter{}).load)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "cache: flight panicked: codec broke")
+	assert.Contains(t, err.Error(), "cache: codec panicked: codec broke")
 }
 
 type panicCodec struct{}
@@ -653,6 +653,50 @@ func TestGetOrLoadRedisThatNeverAnswersDoesNotHang(t *testing.T) {
 				assert.Error(t, err)
 			}
 			assert.Less(t, elapsed, 3*time.Second, "GetOrLoad must not hang on a Redis that never answers")
+		})
+	}
+}
+
+func TestDoNotCacheCallersMergedWithTheLoadGetItsValue(t *testing.T) {
+	// Callers who join a running load that calls DoNotCache share its value:
+	// the lock still held at its release vouches that no Delete or Set came
+	// between, as a commit does.
+	for _, notFound := range []bool{false, true} {
+		t.Run(fmt.Sprintf("notFound=%v", notFound), func(t *testing.T) {
+			rdb, p := setup(t)
+			c := New[product](rdb, WithNotFoundTTL(0))
+			var loads atomic.Int64
+			loading := make(chan struct{})
+			load := func(ctx context.Context) (product, error) {
+				if loads.Add(1) == 1 {
+					close(loading)
+				}
+				time.Sleep(100 * time.Millisecond) // the 20 others join meanwhile
+				DoNotCache(ctx)
+				if notFound {
+					return product{}, ErrNotFound
+				}
+				return product{ID: "v"}, nil
+			}
+			var wg sync.WaitGroup
+			call := func() {
+				v, err := c.GetOrLoad(t.Context(), p+"k", load)
+				if notFound {
+					assert.ErrorIs(t, err, ErrNotFound)
+				} else if assert.NoError(t, err) {
+					assert.Equal(t, "v", v.ID)
+				}
+			}
+			wg.Go(call)
+			<-loading
+			for range 20 {
+				wg.Go(call)
+			}
+			wg.Wait()
+			if got := loads.Load(); got != 1 {
+				t.Fatalf("21 callers of a DoNotCache load caused %d loads; want 1", got)
+			}
+			assert.Zero(t, rdb.Exists(t.Context(), p+"k", LockKey(p+"k")).Val())
 		})
 	}
 }

@@ -80,7 +80,7 @@ func (c *Cache[V]) refreshLocked(ctx context.Context, key string, load func(cont
 	n, err := lockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), old.head).Int()
 	if class := c.redisCall(key, err); class != errNone {
 		if class == errOutage {
-			c.release(ctx, key, lk) // the lock is ours if only the reply was lost
+			c.release(ctx, key, lk, locked) // the lock is ours if only the reply was lost
 		}
 		return nil, fmt.Errorf("cache: redis: %w", err)
 	}

@@ -21,7 +21,7 @@ import (
 )
 
 // eventCounts counts events by kind.
-type eventCounts [EventBreakerClose + 1]atomic.Int64
+type eventCounts [64]atomic.Int64 // by EventKind, with room for kinds to come
 
 func (e *eventCounts) observe(ev Event) { e[ev.Kind].Add(1) }
 
