@@ -1,0 +1,116 @@
+// replica_test.go proves read-after-Delete on a cluster client that routes
+// reads to replicas (ReadOnly, RouteRandomly) while the replicas lag: the
+// cache reads from masters whatever the client's routing (issue 17 item 2).
+package reliability_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stampede-go/stampede/cache"
+)
+
+func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
+	cl := startCluster(t, 1, 0) // one master with every slot, one replica
+	ctx := context.Background()
+	addrs := []string{cl.nodes[0].Addr, cl.nodes[1].Addr}
+	// One connection to the replica that may read from it (READONLY).
+	replica := cl.rdbs[1].Conn()
+	t.Cleanup(func() { _ = replica.Close() })
+	if err := replica.ReadOnly(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range []struct {
+		name string
+		opt  redis.ClusterOptions
+	}{
+		{"ReadOnly", redis.ClusterOptions{Addrs: addrs, ReadOnly: true}},
+		{"RouteRandomly", redis.ClusterOptions{Addrs: addrs, RouteRandomly: true}},
+	} {
+		t.Run(rt.name, func(t *testing.T) {
+			rdb := redis.NewClusterClient(&rt.opt)
+			t.Cleanup(func() { _ = rdb.Close() })
+			reader := cache.New[string](rdb)
+			writer := cache.New[string](cl.client(t))
+			const n = 40
+			keys := make([]string, n)
+			for i := range keys {
+				keys[i] = "replica:" + rt.name + ":" + strconv.Itoa(i)
+				if err := writer.Set(ctx, keys[i], "old"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, 10*time.Second, "the replica has every key", func() bool {
+				for _, k := range keys {
+					if replica.Exists(ctx, k).Val() != 1 {
+						return false
+					}
+				}
+				return true
+			})
+			// The replica stops applying the master's writes and goes on
+			// serving reads: it lags.
+			if err := replica.Do(ctx, "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
+				t.Fatalf("CLIENT PAUSE WRITE on the replica: %v", err)
+			}
+			t.Cleanup(func() { replica.Do(context.Background(), "CLIENT", "UNPAUSE") })
+
+			// Half deleted, half replaced; then every key read at once (the
+			// reads batch), and each alone.
+			for i, k := range keys {
+				var err error
+				if i%2 == 0 {
+					err = writer.Delete(ctx, k)
+				} else {
+					err = writer.Set(ctx, k, "new")
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			var stale, errs atomic.Int64
+			check := func(k string, v string, err error) {
+				switch {
+				case err != nil:
+					errs.Add(1)
+					t.Logf("GetOrLoad(%q): %v", k, err)
+				case v == "old":
+					stale.Add(1)
+				}
+			}
+			var wg sync.WaitGroup
+			for _, k := range keys {
+				wg.Go(func() {
+					v, err := reader.GetOrLoad(ctx, k, func(context.Context) (string, error) { return "new", nil })
+					check(k, v, err)
+				})
+			}
+			wg.Wait()
+			for i, k := range keys {
+				if i%2 == 1 {
+					v, err := reader.Get(ctx, k)
+					check(k, v, err)
+				}
+			}
+			lagging := 0
+			for _, k := range keys {
+				if v, _ := replica.Get(ctx, k).Result(); v != "" {
+					lagging++ // still the old record on the replica
+				}
+			}
+			if lagging == 0 {
+				t.Fatal("the replica did not lag: the test proves nothing")
+			}
+			if stale.Load() != 0 || errs.Load() != 0 {
+				t.Errorf("%d reads of %d returned the old value and %d failed after Delete/Set returned; want 0 (the replica still had %d old records)",
+					stale.Load(), n+n/2, errs.Load(), lagging)
+			}
+		})
+	}
+}
