@@ -700,3 +700,40 @@ func TestDoNotCacheCallersMergedWithTheLoadGetItsValue(t *testing.T) {
 		})
 	}
 }
+
+func TestGetOrLoadCallersMergedOnAHitGetTheirOwnCopy(t *testing.T) {
+	// The flight decodes a hit once for the first caller to take it; every
+	// other caller merged on that read must decode a copy of its own.
+	rdb, p := setup(t)
+	key := p + "k"
+	c := New[product](rdb)
+	_, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+	require.NoError(t, err)
+	cmds := countCommands(rdb)
+	rdb.AddHook(delayHook{cmd: "get", delay: 200 * time.Millisecond}) // the callers join while the read is out
+	rdb.AddHook(delayHook{cmd: "mget", delay: 200 * time.Millisecond})
+
+	const callers = 20
+	vals := make([]product, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			v, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
+			assert.NoError(t, err)
+			vals[i] = v
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, cmds.get("get")+cmds.get("mget"), 2, "the callers were not merged on one read")
+
+	vals[0].Tags["sale"] = "changed by caller 0"
+	shared := 0
+	for i := 1; i < callers; i++ {
+		if vals[i].Tags["sale"] != "yes" {
+			shared++
+		}
+	}
+	if shared > 0 {
+		t.Fatalf("%d of %d callers merged on a hit saw caller 0's change to its map; want 0", shared, callers-1)
+	}
+}

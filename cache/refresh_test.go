@@ -31,17 +31,34 @@ func TestEarlyRefreshReloadsBeforeExpiry(t *testing.T) {
 	var ev eventCounts
 	c := New[product](rdb, WithTTL(time.Second), WithoutJitter(), WithEarlyRefresh(50), WithObserver(ev.observe))
 	src := &counter{delay: 20 * time.Millisecond}
-	v, err := c.GetOrLoad(t.Context(), key, src.load)
+	var refreshAt atomic.Pointer[time.Time] // when the first reload began
+	load := func(ctx context.Context) (product, error) {
+		if src.calls.Load() > 0 {
+			now := time.Now()
+			refreshAt.CompareAndSwap(nil, &now)
+		}
+		return src.load(ctx)
+	}
+	v, err := c.GetOrLoad(t.Context(), key, load)
 	require.NoError(t, err)
 	require.Equal(t, 1, v.Price)
+	raw, err := rdb.Get(t.Context(), key).Bytes()
+	require.NoError(t, err)
+	first, ok := readFreshness(raw)
+	require.True(t, ok, "the record carries its logical expiry")
 
 	// Hit until a refresh has run; none of these calls may load or miss.
 	waitFor(t, func() bool {
-		v, err := c.GetOrLoad(t.Context(), key, src.load)
+		v, err := c.GetOrLoad(t.Context(), key, load)
 		require.NoError(t, err)
 		return v.Price == 2
 	})
 	require.NoError(t, c.Close())
+	// Early, not late: a refresh that starts in the grace after the expiry
+	// (as it does with early refresh switched off) also avoids the miss.
+	if at := *refreshAt.Load(); !at.Before(first.expiry) {
+		t.Fatalf("refresh began %v after the value expired; want before it", at.Sub(first.expiry))
+	}
 	assert.Equal(t, int64(1), ev[EventMiss].Load(), "only the cold read may miss")
 	assert.Equal(t, src.calls.Load()-1, ev[EventRefresh].Load(), "every load after the first must be a background refresh")
 	assert.Greater(t, rdb.PTTL(t.Context(), key).Val(), 500*time.Millisecond, "the refresh must store the value for a new TTL")

@@ -6,6 +6,7 @@ package cache
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -139,4 +140,34 @@ func TestWithoutStaleAnExpiredValueIsAMiss(t *testing.T) {
 	assert.Equal(t, 2, v.Price)
 	assert.Zero(t, ev[EventStaleServed].Load())
 	assert.Equal(t, int64(2), ev[EventMiss].Load())
+}
+
+func TestWithoutStaleAValueInTheRefreshGraceIsNotStale(t *testing.T) {
+	// Early refresh keeps a value readable for a grace past its TTL, so that
+	// a late refresh is not a miss. Without WithStale that value is served as
+	// a hit being refreshed: never marked stale, never EventStaleServed.
+	rdb, p := setup(t)
+	key := p + "k"
+	var ev eventCounts
+	c := New[product](rdb, WithObserver(ev.observe)) // early refresh on by default, no WithStale
+	data, err := json.Marshal(product{ID: "graced"})
+	require.NoError(t, err)
+	// Expired 10 ms ago, loaded in 1 s: a grace of 3 s.
+	record := encodeFresh(0, freshness{expiry: time.Now().Add(-10 * time.Millisecond), load: time.Second}, data)
+	require.NoError(t, rdb.Set(t.Context(), key, record, time.Minute).Err())
+
+	var getInfo, loadInfo ResultInfo
+	v, err := c.Get(WithResultInfo(t.Context(), &getInfo), key)
+	require.NoError(t, err)
+	assert.Equal(t, "graced", v.ID)
+	src := &counter{}
+	v, err = c.GetOrLoad(WithResultInfo(t.Context(), &loadInfo), key, src.load)
+	require.NoError(t, err)
+	assert.Equal(t, "graced", v.ID, "served while its refresh runs")
+	require.NoError(t, c.Close()) // waits for the refresh
+	assert.False(t, getInfo.Stale, "Get marked a value in the refresh grace stale without WithStale")
+	assert.False(t, loadInfo.Stale, "GetOrLoad marked a value in the refresh grace stale without WithStale")
+	assert.Zero(t, ev[EventStaleServed].Load(), "EventStaleServed without WithStale")
+	assert.Equal(t, int64(1), ev[EventRefresh].Load(), "the late refresh ran")
+	assert.Equal(t, int64(1), src.calls.Load())
 }
