@@ -141,9 +141,13 @@ func TestBatchInFlightDoesNotServeLaterCallers(t *testing.T) {
 	var wg sync.WaitGroup
 	var firstV, laterV string
 	var firstErr, laterErr, getErr error
-	wg.Go(func() { _, _ = a.GetOrLoad(t.Context(), lead, func(context.Context) (string, error) { return "", nil }) })
+	wg.Go(func() {
+		_, _ = a.GetOrLoad(t.Context(), lead, func(context.Context) (string, error) { return "", nil })
+	})
 	gate.next(t) // lead's GET on the wire
-	wg.Go(func() { firstV, firstErr = a.GetOrLoad(t.Context(), key, func(context.Context) (string, error) { panic("loaded") }) })
+	wg.Go(func() {
+		firstV, firstErr = a.GetOrLoad(t.Context(), key, func(context.Context) (string, error) { panic("loaded") })
+	})
 	queued(t, a.reads, 1)
 	gate.release <- struct{}{}
 	require.Equal(t, []string{key}, gate.next(t)) // the MGET ran and found v0
