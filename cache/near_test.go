@@ -7,6 +7,8 @@ package cache
 
 import (
 	"context"
+	"errors"
+	"net"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -136,11 +138,64 @@ func TestNearCacheDroppedOnEveryWrite(t *testing.T) {
 	direct.Exists(ctx, p+"exp") // an access expires it at once
 	dropped("exp", "expiry in Redis")
 	assert.GreaterOrEqual(t, ev.get(EventNearInvalidation), int64(4))
+}
 
-	// This process's own Delete drops the key before it returns.
-	prime("own")
-	require.NoError(t, reader.Delete(ctx, "own"))
-	assert.False(t, nearHas(reader, "own"), "own Delete returned with the key in memory")
+// slowConn delays every read, as a congested link would.
+type slowConn struct {
+	net.Conn
+	delay time.Duration
+}
+
+func (c slowConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	time.Sleep(c.delay) // what arrived is handed over late
+	return n, err
+}
+
+// TestNearCacheOwnWritesDropBeforeReturning: this process's Delete and Set
+// drop the key from its memory before they return, without waiting for
+// Redis's invalidation (delayed here by a slow tracking connection).
+func TestNearCacheOwnWritesDropBeforeReturning(t *testing.T) {
+	_, p := setup(t)
+	var slow atomic.Bool
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		cn, err := d.DialContext(ctx, network, addr)
+		if err == nil && slow.Load() {
+			cn = slowConn{cn, 300 * time.Millisecond}
+		}
+		return cn, err
+	}})
+	t.Cleanup(func() { rdb.Close() })
+	ev := &events{}
+	c := New[product](rdb, WithPrefix(p), WithNearCache(1<<20), ev.option())
+	t.Cleanup(func() { c.Close() })
+	require.True(t, eventually(func() bool { return nearReady(c) }))
+	ctx := t.Context()
+	for _, k := range []string{"a", "b"} { // the pool's connections, dialed fast
+		_, err := c.GetOrLoad(ctx, k, (&counter{}).load)
+		require.NoError(t, err)
+	}
+	slow.Store(true)
+	direct := redistest.Client(t, redistest.Addr(t))
+	require.NoError(t, direct.ClientKillByFilter(ctx, "ID", strconv.FormatInt(trackingClientID(t, c), 10)).Err())
+	require.True(t, eventually(func() bool { return !nearReady(c) }))
+	require.True(t, eventually(func() bool { return nearReady(c) }), "the slow connection never subscribed")
+	src := &counter{}
+	for _, k := range []string{"a", "b"} {
+		require.True(t, eventually(func() bool {
+			_, err := c.GetOrLoad(ctx, k, src.load)
+			require.NoError(t, err)
+			return nearHas(c, k)
+		}))
+	}
+	require.NoError(t, c.Delete(ctx, "a"))
+	assert.False(t, nearHas(c, "a"), "Delete returned with the key in memory")
+	require.NoError(t, c.Set(ctx, "b", product{ID: "new"}))
+	assert.False(t, nearHas(c, "b"), "Set returned with the key in memory")
+	v, err := c.GetOrLoad(ctx, "b", src.load)
+	require.NoError(t, err)
+	assert.Equal(t, "new", v.ID)
 }
 
 // invalidateDuringGet is a hook that, once armed, writes the key through
@@ -201,11 +256,24 @@ func TestNearCacheReplyOlderThanInvalidationIsNotKept(t *testing.T) {
 }
 
 // TestNearCacheDropsEverythingWhenTheConnectionIsLost: killing the
-// invalidation connection empties memory at once and serves nothing from
-// it until the connection is back; a write made while it was down is seen.
+// invalidation connection empties memory at once and serves nothing from it
+// while the connection cannot come back (its dials are refused); a write
+// made meanwhile is seen; once back, it tracks again.
 func TestNearCacheDropsEverythingWhenTheConnectionIsLost(t *testing.T) {
 	_, p := setup(t)
-	reader, _, ev := newNearCache(t, p)
+	var refuse atomic.Bool
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if refuse.Load() {
+			return nil, errors.New("dial refused by the test")
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}})
+	t.Cleanup(func() { rdb.Close() })
+	ev := &events{}
+	reader := New[product](rdb, WithPrefix(p), WithNearCache(1<<20), ev.option())
+	t.Cleanup(func() { reader.Close() })
+	require.True(t, eventually(func() bool { return nearReady(reader) }))
 	direct := redistest.Client(t, redistest.Addr(t))
 	ctx := t.Context()
 	src := &counter{}
@@ -217,19 +285,19 @@ func TestNearCacheDropsEverythingWhenTheConnectionIsLost(t *testing.T) {
 		}))
 	}
 	drops := ev.get(EventNearDrop)
-	// Kill this reader's tracking connection only (other tests' caches have
-	// their own), then write while it is down.
-	id := trackingClientID(t, reader)
-	require.NoError(t, direct.ClientKillByFilter(ctx, "ID", strconv.FormatInt(id, 10)).Err())
+	refuse.Store(true) // the reader's pool keeps its open connections
+	require.NoError(t, direct.ClientKillByFilter(ctx, "ID", strconv.FormatInt(trackingClientID(t, reader), 10)).Err())
 	require.True(t, eventually(func() bool { return ev.get(EventNearDrop) > drops }), "no drop after the connection was killed")
-	require.NoError(t, reader.Set(ctx, "a", product{ID: "new-a"})) // dropped locally anyway
-	require.NoError(t, direct.Del(ctx, p+"b").Err())
-	assert.False(t, nearHas(reader, "b"), "memory kept an entry across a lost connection")
-	v, err := reader.GetOrLoad(ctx, "a", src.load)
+	require.NoError(t, direct.Set(ctx, p+"b", "written while the connection was down", 0).Err())
+	hits := ev.get(EventNearHit)
+	_, err := reader.GetOrLoad(ctx, "a", src.load)
 	require.NoError(t, err)
-	assert.Equal(t, "new-a", v.ID)
+	assert.Equal(t, hits, ev.get(EventNearHit), "served from memory while unsure of invalidations")
+	assert.False(t, nearHas(reader, "b"), "memory kept an entry across a lost connection")
+	assert.False(t, nearReady(reader))
+
+	refuse.Store(false)
 	require.True(t, eventually(func() bool { return nearReady(reader) }), "never sure again after the reconnect")
-	// And the new connection tracks again.
 	require.True(t, eventually(func() bool {
 		_, err := reader.GetOrLoad(ctx, "a", src.load)
 		require.NoError(t, err)
