@@ -34,12 +34,12 @@ func startCluster(t *testing.T, masters int, replicaOf ...int) *cluster {
 	ctx := context.Background()
 	c := &cluster{}
 	for range masters + len(replicaOf) {
-		// The bus port is chosen explicitly: the default (port+10000) may be
-		// taken or above 65535 for an ephemeral port.
-		bus := freePort(t)
+		// No --cluster-port (Redis 6.2 lacks it): the bus is on port+10000,
+		// which redistest keeps free.
 		srv := redistest.NewServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000", "--cluster-port", strconv.Itoa(bus),
+			"--cluster-node-timeout", "2000",
 			"--repl-diskless-sync-delay", "0") // replicas sync at once, not after 5s
+		bus := srv.BusPort()
 		rdb := redistest.Client(t, srv.Addr)
 		id, err := rdb.Do(ctx, "CLUSTER", "MYID").Text()
 		if err != nil {
@@ -48,9 +48,13 @@ func startCluster(t *testing.T, masters int, replicaOf ...int) *cluster {
 		c.nodes, c.rdbs, c.ids, c.bus = append(c.nodes, srv), append(c.rdbs, rdb), append(c.ids, id), append(c.bus, bus)
 	}
 	for i := range masters {
-		lo, hi := i*16384/masters, (i+1)*16384/masters-1
-		if err := c.rdbs[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
-			t.Fatalf("ADDSLOTSRANGE: %v", err)
+		// ADDSLOTS, not ADDSLOTSRANGE (Redis 7.0): every slot named.
+		slots := make([]int, 0, 16384/masters+1)
+		for s := i * 16384 / masters; s < (i+1)*16384/masters; s++ {
+			slots = append(slots, s)
+		}
+		if err := c.rdbs[i].ClusterAddSlots(ctx, slots...).Err(); err != nil {
+			t.Fatalf("CLUSTER ADDSLOTS: %v", err)
 		}
 	}
 	for i, n := range c.nodes[1:] {
@@ -99,16 +103,6 @@ func (c *cluster) client(t *testing.T) *redis.ClusterClient {
 		t.Fatalf("cluster client: %v", err)
 	}
 	return rdb
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func slot(key string) uint16 { return crcUpdate(0, hashPart(key)) % 16384 }

@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -150,12 +151,18 @@ type Server struct {
 
 // StartServer starts a private redis-server from PATH on a free loopback
 // port, with persistence off. Extra args are passed to redis-server
-// (for example "--cluster-enabled", "yes").
+// (for example "--cluster-enabled", "yes"). A cluster node started without
+// "--cluster-port" gets a port whose cluster bus port, port+10000 (the only
+// one Redis 6.2 knows), is free too: see [Server.BusPort].
 func StartServer(extra ...string) (*Server, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	pick := freePort
+	if clusterNode(extra) {
+		pick = freeBusPair
+	}
+	port, err := pick()
 	if err != nil {
 		return nil, err
 	}
@@ -255,6 +262,48 @@ func (s *Server) Process() *os.Process {
 func (s *Server) Stop() {
 	s.Kill()
 	_ = os.RemoveAll(s.dir)
+}
+
+// BusPort is the cluster bus port of a cluster node started without
+// "--cluster-port": port+10000, which CLUSTER MEET must name.
+func (s *Server) BusPort() int { return s.Port + 10000 }
+
+// clusterNode reports whether args enable cluster mode and leave the bus
+// port to its default.
+func clusterNode(args []string) bool {
+	enabled, busPort := false, false
+	for i, a := range args {
+		switch a {
+		case "--cluster-enabled":
+			enabled = i+1 < len(args) && args[i+1] == "yes"
+		case "--cluster-port":
+			busPort = true
+		}
+	}
+	return enabled && !busPort
+}
+
+// freeBusPair returns a free port p whose bus port p+10000 is free too. Both
+// are below the ephemeral range Linux uses by default (32768 and up), so an
+// outgoing connection does not take the bus port between this check and the
+// server's bind, nor after a restart.
+func freeBusPair() (int, error) {
+	const lo, hi = 15000, 22767 // bus ports 25000..32767
+	for range 200 {
+		p := lo + mrand.IntN(hi-lo+1)
+		a, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		b, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+10000)))
+		a.Close()
+		if err != nil {
+			continue
+		}
+		b.Close()
+		return p, nil
+	}
+	return 0, errors.New("redistest: no free port pair (p, p+10000) for a cluster node")
 }
 
 func freePort() (int, error) {
