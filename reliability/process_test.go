@@ -41,7 +41,7 @@ type child struct {
 
 // startChild starts the test binary in mode with env as CHILD_* variables;
 // it is killed when the test ends.
-func startChild(t *testing.T, mode string, env map[string]string) *child {
+func startChild(t testing.TB, mode string, env map[string]string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childModeEnv+"="+mode)
@@ -77,7 +77,7 @@ func startChild(t *testing.T, mode string, env map[string]string) *child {
 }
 
 // send writes one line to the child's stdin.
-func (c *child) send(t *testing.T, line string) {
+func (c *child) send(t testing.TB, line string) {
 	t.Helper()
 	if _, err := io.WriteString(c.stdin, line+"\n"); err != nil {
 		t.Fatalf("write to child: %v", err)
@@ -86,7 +86,7 @@ func (c *child) send(t *testing.T, line string) {
 
 // expect waits for the child's next line, checks its first word and returns
 // the rest.
-func (c *child) expect(t *testing.T, word string, within time.Duration) string {
+func (c *child) expect(t testing.TB, word string, within time.Duration) string {
 	t.Helper()
 	select {
 	case line, ok := <-c.lines:
