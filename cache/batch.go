@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -260,18 +261,15 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	c := b.c
 	at := time.Now()
 	cmds := make([]*redis.StringCmd, len(b.keys))
-	_, perr := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range b.keys {
-			cmds[i] = p.Get(ctx, k)
-		}
-		return nil
-	})
+	sent := make([]redis.Cmder, len(b.keys))
+	for i, k := range b.keys {
+		cmds[i] = redis.NewStringCmd(ctx, "get", k)
+		sent[i] = cmds[i]
+	}
+	c.pipeline(ctx, b.keys, sent)
 	errs := make([]error, len(cmds))
 	for i, cmd := range cmds {
 		errs[i] = cmd.Err()
-		if errs[i] == nil && cmd.Val() == "" && perr != nil {
-			errs[i] = perr // go-redis before v9.7 leaves the commands of a pipeline it could not send untouched
-		}
 	}
 	classes := c.round(b.keys, errs)
 	// A stale value may wait up to the soft load timeout for its refresh:
@@ -682,22 +680,20 @@ func (c *Cache[V]) evalMany(ctx context.Context, script *redis.Script, src strin
 		return cmds
 	}
 	send := func(idx []int, eval bool) {
-		_, perr := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, i := range idx {
-				r := refs[i]
-				if eval {
-					cmds[i] = p.Eval(ctx, r.run.src, r.call.keys, r.call.args...)
-				} else {
-					cmds[i] = p.EvalSha(ctx, r.run.script.Hash(), r.call.keys, r.call.args...)
-				}
+		keys, sent := make([]string, len(idx)), make([]redis.Cmder, len(idx))
+		for j, i := range idx {
+			r := refs[i]
+			args := []any{"evalsha", r.run.script.Hash(), len(r.call.keys)}
+			if eval {
+				args[0], args[1] = "eval", r.run.src
 			}
-			return nil
-		})
-		for _, i := range idx {
-			if cmds[i].Err() == nil && cmds[i].Val() == nil && perr != nil {
-				cmds[i].SetErr(perr) // as in read: a pipeline go-redis could not send
+			for _, k := range r.call.keys {
+				args = append(args, k)
 			}
+			cmds[i] = redis.NewCmd(ctx, append(args, r.call.args...)...)
+			keys[j], sent[j] = r.call.keys[0], cmds[i]
 		}
+		c.pipeline(ctx, keys, sent)
 	}
 	noScript := func() (idx []int, scripts map[*scriptRun]bool) {
 		scripts = map[*scriptRun]bool{}
@@ -764,4 +760,130 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 		c.cfg.emit(EventBreakerClose, keys[0], 0, nil)
 	}
 	return classes
+}
+
+// pipeline sends cmds in one round; keys[i] is a key of cmds[i], all of
+// whose keys are in one slot. On a cluster it does not use
+// ClusterClient.Pipelined: that races with itself (two goroutines write one
+// command's reply) when a node's part meets TRYAGAIN on one command and ASK
+// on another while a slot migrates (see RELIABILITY.md). Instead each
+// master's commands go through its own client in one pipeline, the masters
+// concurrently, and the cache follows MOVED and ASK itself; TRYAGAIN is
+// left to the callers, which wait it out within the retry budget as they do
+// every transient error. Hooks added to the ClusterClient itself do not see
+// these pipelines; hooks added to its nodes (OnNewNode) do.
+func (c *Cache[V]) pipeline(ctx context.Context, keys []string, cmds []redis.Cmder) {
+	cc, ok := c.rdb.(*redis.ClusterClient)
+	if !ok {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, cmd := range cmds {
+				_ = p.Process(ctx, cmd)
+			}
+			return nil
+		})
+		unsent(cmds, err)
+		return
+	}
+	var nodes map[string]*redis.Client // by address, for redirects; filled on the first
+	to := make([]*redis.Client, len(cmds))
+	asking := make([]bool, len(cmds))
+	pending := make([]int, 0, len(cmds))
+	for i := range cmds {
+		node, err := cc.MasterForKey(ctx, keys[i])
+		if err != nil {
+			cmds[i].SetErr(err)
+			continue
+		}
+		to[i] = node
+		pending = append(pending, i)
+	}
+	for hop := 0; len(pending) > 0; hop++ {
+		byNode := map[*redis.Client][]int{}
+		for _, i := range pending {
+			byNode[to[i]] = append(byNode[to[i]], i)
+		}
+		var wg sync.WaitGroup
+		for node, idx := range byNode {
+			wg.Go(func() { nodePipeline(ctx, node, cmds, idx, asking) })
+		}
+		wg.Wait()
+		if hop == maxRedirects {
+			return // what is still redirected is a transient error for the callers
+		}
+		var again []int
+		for _, i := range pending {
+			err := cmds[i].Err()
+			moved := redis.HasErrorPrefix(err, "MOVED")
+			if !moved && !redis.HasErrorPrefix(err, "ASK") {
+				continue
+			}
+			if moved {
+				cc.ReloadState(ctx)
+			}
+			if nodes == nil {
+				nodes = clusterNodes(ctx, cc)
+			}
+			f := strings.Fields(err.Error()) // MOVED|ASK slot host:port
+			if len(f) < 3 || nodes[f[2]] == nil {
+				continue // a node this client does not know yet: the callers retry
+			}
+			to[i], asking[i] = nodes[f[2]], !moved
+			again = append(again, i)
+		}
+		pending = again
+	}
+}
+
+// maxRedirects bounds how often one pipeline follows MOVED and ASK.
+const maxRedirects = 3
+
+// nodePipeline sends cmds[idx] to node in one pipeline, each command with
+// asking set preceded by ASKING (which holds for the next command only).
+func nodePipeline(ctx context.Context, node *redis.Client, cmds []redis.Cmder, idx []int, asking []bool) {
+	sent := make([]redis.Cmder, 0, len(idx))
+	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range idx {
+			if asking[i] {
+				_ = p.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
+			}
+			_ = p.Process(ctx, cmds[i])
+			sent = append(sent, cmds[i])
+		}
+		return nil
+	})
+	unsent(sent, err)
+}
+
+// unsent gives err, the error of a pipeline, to its commands that got no
+// reply: go-redis before v9.7 leaves the commands of a pipeline it could
+// not send untouched.
+func unsent(cmds []redis.Cmder, err error) {
+	if err == nil {
+		return
+	}
+	for _, cmd := range cmds {
+		switch cmd := cmd.(type) {
+		case *redis.Cmd:
+			if cmd.Err() == nil && cmd.Val() == nil {
+				cmd.SetErr(err)
+			}
+		case *redis.StringCmd:
+			if cmd.Err() == nil && cmd.Val() == "" {
+				cmd.SetErr(err)
+			}
+		}
+	}
+}
+
+// clusterNodes returns the clients of cc's nodes by address.
+func clusterNodes(ctx context.Context, cc *redis.ClusterClient) map[string]*redis.Client {
+	var mu sync.Mutex
+	nodes := map[string]*redis.Client{}
+	_ = cc.ForEachShard(ctx, func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		nodes[node.Options().Addr] = node
+		return nil
+	})
+	return nodes
 }
