@@ -43,6 +43,10 @@ var competitors = []competitor{
 	{name: "rueidisaside-nocsc", open: openRueidisAside(false), hitOnly: true},
 	{name: "redislock-poll", open: openRedislockPoll},
 	{name: "stampede", open: openStampede},
+	// The near cache's rows: their miss path is stampede's own, measured in
+	// its row, so they run in the hit benchmarks only.
+	{name: "stampede-near", open: openStampedeNear(false), hitOnly: true},
+	{name: "stampede-near-shared", open: openStampedeNear(true), hitOnly: true},
 }
 
 // loaders is the competitors that are read-through caches.
@@ -260,6 +264,18 @@ func openStampedeWith(addr string, ttl time.Duration, opts ...cache.Option) (*st
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	opts = append([]cache.Option{cache.WithTTL(ttl), cache.WithoutJitter()}, opts...)
 	return &stampedeInst{rdb: rdb, c: cache.New[Product](rdb, opts...)}, nil
+}
+
+// openStampedeNear is stampede with a near cache of 64 MB (10,000 spread
+// keys fit), a copy per caller or, with shared, one value for all.
+func openStampedeNear(shared bool) func(addr string, ttl time.Duration) (instance, error) {
+	return func(addr string, ttl time.Duration) (instance, error) {
+		opts := []cache.Option{cache.WithPrefix("bench:"), cache.WithNearCache(64 << 20)}
+		if shared {
+			opts = append(opts, cache.WithNearShared())
+		}
+		return openStampedeWith(addr, ttl, opts...)
+	}
 }
 
 func (s *stampedeInst) Get(ctx context.Context, key string, load loadFunc) (Product, error) {
