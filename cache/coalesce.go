@@ -76,13 +76,17 @@ type pendingRead struct {
 }
 
 // newCoalescer reads through rdb; deadline gives each batch its context.
-func newCoalescer(rdb redis.UniversalClient, deadline func() context.Context) *coalescer {
+// replicas leaves a cluster client's reads to its own routing
+// (WithReplicaReads): one GET per read.
+func newCoalescer(rdb redis.UniversalClient, deadline func() context.Context, replicas bool) *coalescer {
 	co := &coalescer{rdb: rdb, deadline: deadline}
 	switch r := rdb.(type) {
 	case *redis.Client:
 		co.client = r
 	case *redis.ClusterClient:
-		co.cluster = r
+		if !replicas {
+			co.cluster = r
+		}
 	}
 	return co
 }

@@ -61,7 +61,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.brk.threshold, c.brk.coolDown = int32(c.cfg.breaker.failures), c.cfg.breaker.coolDown
 	c.notify = newNotifier(rdb)
-	c.reads = newCoalescer(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) })
+	c.reads = newCoalescer(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
 	if c.cfg.near.on {
 		c.near = newNear(c)
 	}

@@ -68,6 +68,8 @@ type config struct {
 		coolDown time.Duration
 	}
 	near nearConfig // see near.go
+
+	replicaReads bool // see replica.go
 }
 
 func newConfig(opts []Option) config {

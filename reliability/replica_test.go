@@ -27,16 +27,19 @@ func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, rt := range []struct {
-		name string
-		opt  redis.ClusterOptions
+		name   string
+		opt    redis.ClusterOptions
+		opts   []cache.Option
+		weaker bool // WithReplicaReads: old values are expected, and counted
 	}{
-		{"ReadOnly", redis.ClusterOptions{Addrs: addrs, ReadOnly: true}},
-		{"RouteRandomly", redis.ClusterOptions{Addrs: addrs, RouteRandomly: true}},
+		{"ReadOnly", redis.ClusterOptions{Addrs: addrs, ReadOnly: true}, nil, false},
+		{"RouteRandomly", redis.ClusterOptions{Addrs: addrs, RouteRandomly: true}, nil, false},
+		{"ReadOnly+WithReplicaReads", redis.ClusterOptions{Addrs: addrs, ReadOnly: true}, []cache.Option{cache.WithReplicaReads()}, true},
 	} {
 		t.Run(rt.name, func(t *testing.T) {
 			rdb := redis.NewClusterClient(&rt.opt)
 			t.Cleanup(func() { _ = rdb.Close() })
-			reader := cache.New[string](rdb)
+			reader := cache.New[string](rdb, rt.opts...)
 			writer := cache.New[string](cl.client(t))
 			const n = 40
 			keys := make([]string, n)
@@ -106,6 +109,15 @@ func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
 			}
 			if lagging == 0 {
 				t.Fatal("the replica did not lag: the test proves nothing")
+			}
+			if rt.weaker {
+				// The guarantee WithReplicaReads states: reads served by the
+				// lagging replica are old.
+				t.Logf("WithReplicaReads: %d reads of %d old while the replica lagged", stale.Load(), n+n/2)
+				if stale.Load() == 0 || errs.Load() != 0 {
+					t.Errorf("WithReplicaReads: %d reads old, %d failed; want reads served by the replica (old) and none failed", stale.Load(), errs.Load())
+				}
+				return
 			}
 			if stale.Load() != 0 || errs.Load() != 0 {
 				t.Errorf("%d reads of %d returned the old value and %d failed after Delete/Set returned; want 0 (the replica still had %d old records)",
