@@ -115,7 +115,7 @@
 // budget. A flight's GET, and then its miss path, are each bounded by the
 // load timeout. Errors the cache absorbs go to [WithErrorHook].
 //
-// A Cache is safe for concurrent use by many goroutines. [Obtain], [Do],
-// [Lock.Hold] and [ObtainQuorum] offer the same lock on its own, for jobs
-// that one instance at a time must do.
+// A Cache is safe for concurrent use by many goroutines. For a lock on its
+// own (one instance at a time runs a job), see package
+// github.com/stampede-go/stampede/lock.
 package cache

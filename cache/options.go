@@ -42,8 +42,7 @@ const (
 	FailClosed
 )
 
-// Option configures a [Cache] (see [New]). The standalone lock has its own,
-// [LockOption].
+// Option configures a [Cache] (see [New]).
 type Option func(*config)
 
 type config struct {
