@@ -1,6 +1,7 @@
 // example_test.go shows the standalone lock on the jobs it is for: one
 // worker per customer, one instance per cron run, a repeated submission
-// refused, an oversell prevented, and Redlock. They run against the test
+// refused, an oversell prevented, a stalled holder's write fenced off, and
+// Redlock. They run against the test
 // Redis, whose address TestMain puts in REDIS_ADDR.
 
 package lock_test
@@ -116,9 +117,9 @@ func ExampleObtain() {
 // Ten buyers race for the last three items. Each reads and decrements the
 // stock under the lock, waiting for it with jittered backoff, so no item is
 // sold twice. The write uses the context Do gives, so it is not sent once
-// the lease is known to be lost; only a store that checks a version (a
-// compare-and-set, an atomic DECR) fences it fully against a holder that
-// stalled past its lease.
+// the lease is known to be lost; only a store that checks the lock's fence
+// (see ExampleLock_Fence) or a version stops a holder that stalled past
+// its lease.
 func ExampleObtain_oversell() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
@@ -152,6 +153,80 @@ func ExampleObtain_oversell() {
 	wg.Wait()
 	fmt.Println("sold", sold.Load(), "refused", refused.Load(), "left", rdb.Get(ctx, stock).Val())
 	// Output: sold 3 refused 7 left 0
+}
+
+// stockStore is a stock table, stock(sku, qty, fence), that keeps with each
+// row the fence of the last write it accepted: an in-process stand-in for a
+// SQL database. It is safe for concurrent use.
+type stockStore struct {
+	mu   sync.Mutex // protects rows
+	rows map[string]stockRow
+}
+
+type stockRow struct{ qty, fence int64 }
+
+// Qty reads the row: SELECT qty FROM stock WHERE sku = $1.
+func (s *stockStore) Qty(sku string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rows[sku].qty
+}
+
+// SetQty writes the row if fence is above the last fence written to it, and
+// reports whether it did, in one atomic step:
+//
+//	UPDATE stock SET qty = $2, fence = $1 WHERE sku = $3 AND fence < $1
+func (s *stockStore) SetQty(fence, qty int64, sku string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.rows[sku]
+	if !ok || r.fence >= fence {
+		return false
+	}
+	s.rows[sku] = stockRow{qty: qty, fence: fence}
+	return true
+}
+
+// Buyer A takes the lock on the last three items, reads the stock and
+// stalls (a GC pause, a frozen VM) past its lease. Buyer B takes the lock
+// then, sells one, and writes. When A wakes up it writes what it computed
+// from its stale read: without a fence both sales would land on one item
+// (qty 2 after two sales, an oversell); the store refuses A's write because
+// B's fence is larger, and A knows its sale did not happen.
+func ExampleLock_Fence() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	const key = "example:lock:stock:sku-2"
+	store := &stockStore{rows: map[string]stockRow{"sku-2": {qty: 3}}}
+
+	a, err := lock.Obtain(ctx, rdb, key, 100*time.Millisecond)
+	if err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	defer rdb.Del(ctx, key, a.FenceKey()) // for the example only: keep the counter in production
+	seenByA := store.Qty("sku-2")
+	time.Sleep(200 * time.Millisecond) // A stalls; its lease runs out
+
+	b, err := lock.Obtain(ctx, rdb, key, 5*time.Second)
+	if err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	fmt.Println("B's fence is larger than A's:", b.Fence() > a.Fence())
+	fmt.Println("B sells one:", store.SetQty(b.Fence(), store.Qty("sku-2")-1, "sku-2"))
+	_ = b.Release(ctx)
+
+	if !store.SetQty(a.Fence(), seenByA-1, "sku-2") {
+		fmt.Println("A's write refused: a later holder wrote; A cancels its sale")
+	}
+	fmt.Println("left:", store.Qty("sku-2"))
+	// Output:
+	// B's fence is larger than A's: true
+	// B sells one: true
+	// A's write refused: a later holder wrote; A cancels its sale
+	// left: 2
 }
 
 // Redlock over five independent masters: the lock is held when a majority

@@ -53,7 +53,7 @@ func (l *Lock) Hold(ctx context.Context, fn func(ctx context.Context) error) err
 	if l.Validity() == 0 {
 		return ErrNotHeld // released, found lost, or its lease has run out
 	}
-	work, cancel := context.WithCancelCause(ctx)
+	work, cancel := context.WithCancelCause(context.WithValue(ctx, heldKey{}, l))
 	defer cancel(nil)
 	lost := make(chan struct{})
 	stop := make(chan struct{})
@@ -73,6 +73,23 @@ func (l *Lock) Hold(ctx context.Context, fn func(ctx context.Context) error) err
 		return errors.Join(ErrLost, err)
 	}
 	return err
+}
+
+// heldKey is the context key under which Hold puts its Lock for fn.
+type heldKey struct{}
+
+// FromContext returns the Lock that [Lock.Hold], and so [Do], runs the
+// function under, from that function's context (the innermost one when
+// Holds nest), or nil for any other context; a nil Lock is safe to use
+// (its Fence is 0). It lets a function run by Do send its fencing token to
+// the store:
+//
+//	err := lock.Do(ctx, rdb, "stock:"+sku, 5*time.Second, func(ctx context.Context) error {
+//		return store.SetQty(ctx, sku, qty, lock.FromContext(ctx).Fence())
+//	})
+func FromContext(ctx context.Context) *Lock {
+	l, _ := ctx.Value(heldKey{}).(*Lock)
+	return l
 }
 
 // watch renews the lease until stop is closed (it returns false) or the

@@ -47,13 +47,17 @@ var (
 //
 // A Lock is a lease, not a mutex: if the holder stalls past the TTL (a long
 // GC pause, a frozen VM, a network partition) without refreshing, another
-// process may take it while the first still believes it holds it. There are
-// no fencing tokens: code that writes shared state under the lock must fence
-// its writes itself (a version or compare-and-set in the store, as
-// [Cache.GetOrLoad] does with its commit), or accept a rare double run.
-// [Lock.Hold] narrows the window by cancelling the work's context when the
-// lease can no longer be assumed valid, but cannot close it. On a replicated
-// Redis, a failover can lose a lock that was not yet copied to the replica.
+// process may take it while the first still believes it holds it. [Lock.Hold]
+// narrows that window by cancelling the work's context when the lease can no
+// longer be assumed valid, but no lease can close it. A lock from [Obtain]
+// therefore carries a fencing token, [Lock.Fence]: a number that grows with
+// every acquisition of the key, so that the store the holder writes to can
+// refuse the writes of a holder whose lease was taken over (see Fence for
+// how). A quorum lock from [ObtainQuorum] has none (Fence is 0; its doc says
+// why): fence its writes in the store by other means (a version, a
+// compare-and-set) or accept a rare double run. On a replicated Redis, a
+// failover can lose a lock, and the last fences, that were not yet copied to
+// the replica.
 type Lock struct {
 	masters  []redis.Scripter // one for Obtain; the independent masters for ObtainQuorum
 	quorum   int              // masters that must agree: 1, or len(masters)/2+1
@@ -62,6 +66,8 @@ type Lock struct {
 	key      string
 	value    string // token then metadata: what the key holds while the lock is ours
 	tokenLen int
+	fenceKey string // the fencing counter, in key's slot; "" on a quorum lock
+	fence    int64  // set by Obtain before it returns the Lock, then read-only
 
 	released    chan struct{} // closed by Release, for quorum calls still in flight
 	releaseOnce sync.Once
@@ -84,6 +90,10 @@ type Lock struct {
 // the lock, so Obtain then releases it in the background (unless
 // [WithToken] is set, where the lock may have been ours before the call).
 //
+// The script that takes the lock also increments the key's fencing counter
+// (see [Lock.Fence]); a counter that cannot be incremented (not an integer)
+// gives a Redis error and leaves the lock untaken.
+//
 // An empty key gives [ErrEmptyKey]; a ttl under 1ms, a nil rdb or an invalid
 // option give an error that names it. Obtain is safe for concurrent use.
 func Obtain(ctx context.Context, rdb redis.Scripter, key string, ttl time.Duration, opts ...Option) (*Lock, error) {
@@ -95,6 +105,7 @@ func Obtain(ctx context.Context, rdb redis.Scripter, key string, ttl time.Durati
 		return nil, errors.New("lock: Obtain: nil Redis client")
 	}
 	l := newLock([]redis.Scripter{rdb}, 1, cfg, key, ttl)
+	l.fenceKey = fenceKey(l.key)
 	if err := l.obtain(ctx, cfg.retry, l.tryOne, !cfg.tokenSet); err != nil {
 		return nil, err
 	}
@@ -150,7 +161,7 @@ func (l *Lock) obtain(ctx context.Context, retry RetryStrategy, try func(context
 func (l *Lock) tryOne(ctx context.Context, giveBack bool) (bool, error) {
 	ttl := l.lease()
 	start := time.Now()
-	n, err := lockObtainScript.Run(ctx, l.masters[0], []string{l.key}, l.value, l.tokenLen, leaseMillis(ttl)).Int()
+	n, err := lockObtainScript.Run(ctx, l.masters[0], []string{l.key, l.fenceKey}, l.value, l.tokenLen, leaseMillis(ttl)).Int64()
 	if err != nil {
 		if giveBack && !rediserr.IsReply(err) {
 			l.releaseLater(ctx, l.masters[0])
@@ -163,6 +174,7 @@ func (l *Lock) tryOne(ctx context.Context, giveBack bool) (bool, error) {
 	if n == 0 {
 		return false, nil
 	}
+	l.fence = n
 	l.setValid(start, ttl)
 	return true, nil
 }

@@ -1,12 +1,14 @@
-// main_test.go sets up the package's tests: the real Redis they run against
-// and the leak check.
+// main_test.go sets up the package's tests: the real Redis they run against,
+// the leak check, and the removal of the fencing counters the examples leave.
 
 package lock
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/redistest"
@@ -19,6 +21,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	deleteExampleFences()
 	redistest.Stop()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -27,6 +30,20 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// deleteExampleFences deletes the fencing counters that the examples' locks
+// leave behind (the examples delete their lock keys, but the counters are
+// meant to outlive the locks): "example:...{T}:fence".
+func deleteExampleFences() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	iter := rdb.Scan(ctx, 0, "example:*}"+fenceSuffix, 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
 }
 
 // setup returns a client of the test Redis and a key prefix that is cleaned

@@ -58,9 +58,10 @@ func WithPrefix(prefix string) Option {
 // WithToken sets the token that identifies the holder instead of 128
 // random bits (32 hex digits, the default). A holder that knows the token
 // can obtain the lock again while it holds it, for example after a restart,
-// which renews the lease and replaces the metadata. Tokens must be unique to
-// each holder and must not be prefixes of one another: the lock compares the
-// start of the stored value with the token. token must not be empty.
+// which renews the lease, replaces the metadata and takes a new fence (see
+// [Lock.Fence]). Tokens must be unique to each holder and must not be
+// prefixes of one another: the lock compares the start of the stored value
+// with the token. token must not be empty.
 func WithToken(token string) Option {
 	return func(c *config) {
 		if token == "" {

@@ -57,14 +57,16 @@ import (
 // the validity time, or a network delay longer than the lease can let two
 // holders believe they hold the lock at once. Martin Kleppmann's critique
 // ("How to do distributed locking", 2016) explains these cases; the Redis
-// documentation answers it but does not remove them. The lock hands out no
-// fencing tokens, so a storage system cannot reject the writes of a holder
-// whose lease has ended. Use Redlock where a rare double run costs
-// efficiency (the same e-mail sent twice, a job run twice); where it costs
-// correctness, fence the writes in the store (a version column, a
-// compare-and-set) or use a consensus system. A master that restarts
-// without persistence forgets the locks it granted: keep it out for at
-// least a ttl after a restart, or run it with appendfsync always. Against
+// documentation answers it but does not remove them. A quorum lock hands out
+// no fencing token ([Lock.Fence] is 0; its doc shows why counters on
+// independent masters cannot give one), so a storage system cannot use it to
+// reject the writes of a holder whose lease has ended. Use Redlock where a
+// rare double run costs efficiency (the same e-mail sent twice, a job run
+// twice); where it costs correctness, fence the writes in the store (a
+// version column, a compare-and-set), use [Obtain] and its fence, or use a
+// consensus system. A master that restarts without persistence forgets the
+// locks it granted: keep it out for at least a ttl after a restart, or run
+// it with appendfsync always. Against
 // master-replica failover, Redlock does not help unless the N masters are
 // independent.
 //
