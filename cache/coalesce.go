@@ -15,9 +15,10 @@
 // ClusterClient.Pipelined, which races in go-redis while a slot migrates
 // (RELIABILITY.md), and never a replica, whatever the client's ReadOnly or
 // RouteRandomly routing, since a replica may still hold a value that Delete
-// removed (unless WithReplicaReads asks for that). A node client follows no redirect: a slot's MOVED, ASK or
-// TRYAGAIN is that slot's readers' transient error, which fetch turns into
-// its read-or-lock script, sent through the cluster client. A failover
+// removed (unless WithReplicaReads asks for that). A node client follows
+// no redirect: a slot's MOVED, ASK or TRYAGAIN is that slot's readers'
+// transient error, which fetch turns into its read-or-lock script, sent
+// through the cluster client. A failover
 // cluster client (NewFailoverClusterClient) is a *redis.ClusterClient and is
 // read from its master the same way. A redis.Ring and any other client get
 // one plain GET per read, through the client's own routing.
