@@ -15,7 +15,12 @@
 // semantic conventions' rule); loads, waits and refreshes are counted by
 // their duration histograms, as http.server.request.duration counts requests.
 // cache.load.duration has every call of the loader, background refreshes
-// included; cache.refresh.duration has the refreshes alone.
+// included; cache.refresh.duration has the refreshes alone. With a near
+// cache (cache.WithNearCache) a read served from process memory is counted
+// by cache.near.hits, once per caller, and not by cache.lookups, which counts
+// reads of Redis: with a near cache, lookups are its misses. Removals count
+// single keys; a drop empties the whole near cache (a lost invalidation
+// connection, a reconnect, a change of masters, a flush) and is counted once.
 //
 //	cache.lookups             counter    {lookup}      cache.lookup.result = hit | miss
 //	cache.lock.contentions    counter    {contention}  another holder was loading the key
@@ -24,6 +29,9 @@
 //	cache.stale.served        counter    {value}       cache.stale.reason = refreshing | error
 //	cache.redis.errors        counter    {error}       failed Redis calls
 //	cache.breaker.transitions counter    {transition}  cache.breaker.state = open | closed
+//	cache.near.hits           counter    {hit}         a value served from the near cache, no Redis call
+//	cache.near.removals       counter    {entry}       cache.near.reason = invalidation | eviction
+//	cache.near.drops          counter    {drop}        the near cache emptied: invalidations may have been missed
 //	cache.load.duration       histogram  s             cache.outcome = ok | not_found | error
 //	cache.wait.duration       histogram  s             cache.outcome = ok | error
 //	cache.refresh.duration    histogram  s             cache.outcome = ok | not_found | error

@@ -28,6 +28,7 @@ const (
 	KeyOutcome      = attribute.Key("cache.outcome")       // ok | not_found | error
 	KeyStaleReason  = attribute.Key("cache.stale.reason")  // refreshing | error
 	KeyBreakerState = attribute.Key("cache.breaker.state") // open | closed
+	KeyNearReason   = attribute.Key("cache.near.reason")   // invalidation | eviction
 )
 
 // The values of KeyOutcome, as indexes of observer.outcome.
@@ -82,6 +83,9 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 		staleServed: counter("cache.stale.served", "{value}", "Values past their TTL served, by reason: a refresh runs, or it failed."),
 		redisErrors: counter("cache.redis.errors", "{error}", "Redis calls that failed."),
 		breaker:     counter("cache.breaker.transitions", "{transition}", "Circuit breaker transitions, by the state entered."),
+		nearHits:    counter("cache.near.hits", "{hit}", "Values served from the near cache in process memory, with no Redis call (not counted in cache.lookups)."),
+		nearRemoved: counter("cache.near.removals", "{entry}", "Keys removed from the near cache, by reason: a write invalidated them, or the byte budget evicted them."),
+		nearDrops:   counter("cache.near.drops", "{drop}", "Times the whole near cache was emptied: invalidations could have been missed, or Redis was flushed."),
 		loadTime:    histogram("cache.load.duration", "Duration of the loader's calls, by outcome."),
 		waitTime:    histogram("cache.wait.duration", "Duration of waits for another holder's load, by outcome."),
 		refreshTime: histogram("cache.refresh.duration", "Duration of background refreshes, by outcome."),
@@ -102,6 +106,8 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 	o.staleError = add(KeyStaleReason.String("error"))
 	o.breakerOpen = add(KeyBreakerState.String("open"))
 	o.breakerClosed = add(KeyBreakerState.String("closed"))
+	o.nearInvalidated = add(KeyNearReason.String("invalidation"))
+	o.nearEvicted = add(KeyNearReason.String("eviction"))
 	for i, n := range outcomeNames {
 		o.outcome[i] = []metric.RecordOption{metric.WithAttributeSet(set(KeyOutcome.String(n)))}
 	}
@@ -113,9 +119,11 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 // for concurrent use.
 type observer struct {
 	lookups, contentions, woken, lockLost, staleServed, redisErrors, breaker metric.Int64Counter
+	nearHits, nearRemoved, nearDrops                                         metric.Int64Counter
 	loadTime, waitTime, refreshTime                                          metric.Float64Histogram
 
 	plain, hit, miss, staleRefreshing, staleError, breakerOpen, breakerClosed []metric.AddOption
+	nearInvalidated, nearEvicted                                              []metric.AddOption
 	outcome                                                                   [numberOfOutcomes][]metric.RecordOption
 }
 
@@ -152,6 +160,14 @@ func (o *observer) observe(e cache.Event) {
 		o.breaker.Add(ctx, 1, o.breakerOpen...)
 	case cache.EventBreakerClose:
 		o.breaker.Add(ctx, 1, o.breakerClosed...)
+	case cache.EventNearHit:
+		o.nearHits.Add(ctx, 1, o.plain...)
+	case cache.EventNearInvalidation:
+		o.nearRemoved.Add(ctx, 1, o.nearInvalidated...)
+	case cache.EventNearEviction:
+		o.nearRemoved.Add(ctx, 1, o.nearEvicted...)
+	case cache.EventNearDrop:
+		o.nearDrops.Add(ctx, 1, o.plain...)
 	}
 }
 

@@ -287,6 +287,10 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventRedisError, Err: failed}, "cache.redis.errors", nil},
 		{cache.Event{Kind: cache.EventBreakerOpen, Err: failed}, "cache.breaker.transitions", []attribute.KeyValue{cacheotel.KeyBreakerState.String("open")}},
 		{cache.Event{Kind: cache.EventBreakerClose}, "cache.breaker.transitions", []attribute.KeyValue{cacheotel.KeyBreakerState.String("closed")}},
+		{cache.Event{Kind: cache.EventNearHit}, "cache.near.hits", nil},
+		{cache.Event{Kind: cache.EventNearInvalidation}, "cache.near.removals", []attribute.KeyValue{cacheotel.KeyNearReason.String("invalidation")}},
+		{cache.Event{Kind: cache.EventNearEviction}, "cache.near.removals", []attribute.KeyValue{cacheotel.KeyNearReason.String("eviction")}},
+		{cache.Event{Kind: cache.EventNearDrop}, "cache.near.drops", nil},
 		{cache.Event{Kind: 0}, "", nil},
 		{cache.Event{Kind: 200}, "", nil},
 	}
@@ -364,7 +368,7 @@ func TestObserverAllocations(t *testing.T) {
 	}
 	for pname, newObs := range providers {
 		obs := newObs()
-		for k := cache.EventHit; k <= cache.EventBreakerClose; k++ {
+		for k := cache.EventHit; k <= cache.EventNearDrop; k++ {
 			e := cache.Event{Kind: k, Key: "k", Duration: time.Millisecond, Err: errors.New("failed")}
 			obs(e) // the SDK creates the data point on first use
 			if n := testing.AllocsPerRun(100, func() { obs(e) }); n != 0 {
