@@ -33,9 +33,13 @@ func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 	if err != nil {
 		return zero, err
 	}
+	if v, ok := c.nearGet(key); ok {
+		return v, nil
+	}
 	if !c.brk.allow() {
 		return zero, ErrCircuitOpen
 	}
+	tk := c.nearTicket(key)
 	at := time.Now()
 	b, err := c.reads.get(ctx, key)
 	switch c.redisCall(key, err) {
@@ -56,6 +60,9 @@ func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 			return zero, ErrCacheMiss
 		case ageStale:
 			markStale(ctx)
+		}
+		if c.near != nil {
+			c.near.keep(c, key, tk, r)
 		}
 	}
 	return c.value(r)

@@ -80,6 +80,20 @@ func TestNearCacheServesHitsFromMemory(t *testing.T) {
 	assert.Equal(t, "yes", b.Tags["sale"], "a caller's change reached another caller")
 }
 
+func TestNearCacheServesGet(t *testing.T) {
+	_, p := setup(t)
+	c, rdb, ev := newNearCache(t, p)
+	require.NoError(t, c.Set(t.Context(), "k", product{ID: "set"}))
+	gets := countCommands(rdb)
+	for range 50 {
+		v, err := c.Get(t.Context(), "k")
+		require.NoError(t, err)
+		assert.Equal(t, "set", v.ID)
+	}
+	assert.LessOrEqual(t, gets.get("get")+gets.get("mget"), 5, "Redis reads for 50 Gets")
+	assert.GreaterOrEqual(t, ev.get(EventNearHit), int64(45))
+}
+
 func TestNearCacheSharedValues(t *testing.T) {
 	_, p := setup(t)
 	c, _, ev := newNearCache(t, p, WithNearShared())
