@@ -128,10 +128,3 @@ func callLoader[V any](ctx context.Context, load func(context.Context) (V, error
 		return zero, fmt.Errorf("cache: loader still running at the load timeout: %w", ctx.Err())
 	}
 }
-
-func notAcquired(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return errors.Join(ErrLockNotAcquired, err)
-	}
-	return ErrLockNotAcquired
-}
