@@ -228,7 +228,9 @@ func (t *tracker) startNode(ctx context.Context, addr string, base *redis.Option
 			args = append(args, "PREFIX", prefix)
 		}
 		n.id.Store(id)
-		return cn.Do(ctx, args...).Err()
+		cmd := redis.NewCmd(ctx, args...) // *redis.Conn has no Do before go-redis v9.6
+		_ = cn.Process(ctx, cmd)
+		return cmd.Err()
 	}
 	n.client = redis.NewClient(&opt)
 	n.sub = n.client.Subscribe(ctx, invalidateChannel)

@@ -12,10 +12,8 @@ const fenceSuffix = ":fence"
 // fenceKey is the fencing counter of the lock at key (prefix included): in
 // key's cluster slot, so that one script can take the lock and increment the
 // counter, and starting with key (unless key has a stray '{'), so that an ACL
-// key pattern that grants the lock grants its counter. Two lock keys may
-// share a counter (slot.Companion is not one-to-one for some crafted pairs,
-// such as "42" and "42{42}"); that costs nothing but gaps: the counter only
-// grows, so each key's fences still grow with its acquisitions.
+// key pattern that grants the lock grants its counter. Each lock key has a
+// counter of its own (slot.Companion is one-to-one).
 func fenceKey(key string) string { return slot.Companion(key, fenceSuffix) }
 
 // Fence is the fencing token of this acquisition: a number that is larger for

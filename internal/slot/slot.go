@@ -50,22 +50,24 @@ var tags = sync.OnceValue(func() []string {
 })
 
 // Companion returns the name of a key that belongs to key: in key's slot,
-// distinct for every key (one-to-one), and starting with key itself whenever
-// key has no stray '{', so that an ACL pattern that grants key grants it too.
-// suffix must not contain '{' or '}'.
+// distinct for every key and suffix (one-to-one), and starting with key
+// itself whenever key has no stray '{', so that an ACL pattern that grants
+// key grants it too. suffix must be non-empty, must not end with '}' and
+// must contain no '{' or '}'.
 //
-//   - key has a hash tag: key+suffix (the tag still decides the slot);
+//   - key has a hash tag: key+"{}"+suffix (the first tag still decides the
+//     slot; "{}" keeps the name apart from the next case's);
 //   - key has no '{': key+"{T}"+suffix, where T hashes to key's slot;
-//   - otherwise ('{' without a tag): "{T}"+suffix+key.
+//   - otherwise ('{' without a tag): "{T}"+suffix+key+"}".
 func Companion(key, suffix string) string {
 	if _, ok := hashTag(key); ok {
-		return key + suffix
+		return key + "{}" + suffix
 	}
 	t := "{" + Tag(Of(key)) + "}"
 	if strings.IndexByte(key, '{') < 0 {
 		return key + t + suffix
 	}
-	return t + suffix + key
+	return t + suffix + key + "}"
 }
 
 // CRC16 is CRC-16/XMODEM, the hash of Redis Cluster key slots.
