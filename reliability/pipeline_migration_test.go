@@ -166,3 +166,73 @@ func TestGetOrLoadManyDuringSlotMigration(t *testing.T) {
 	t.Logf("figures: %d batches of %d keys (half unreadable: TRYAGAIN, half absent: ASK) during a slot migration: %d keys answered, %d wrong, %d errors, %d extra loads",
 		rounds*instances, 2*perKind, answered, wrong, len(errs), extra)
 }
+
+// singles counts the commands a node runs outside pipelines, by name.
+type singles struct {
+	mu sync.Mutex // protects n
+	n  map[string]int
+}
+
+func (h *singles) get(name string) int { h.mu.Lock(); defer h.mu.Unlock(); return h.n[name] }
+
+func (h *singles) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *singles) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.n[cmd.Name()]++
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (h *singles) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestGetOrLoadManyFollowsMoved(t *testing.T) {
+	// A client whose slot map is stale after a slot moved: the batch's
+	// pipelines meet MOVED and follow it themselves, instead of leaving
+	// every key to a single-key GetOrLoad.
+	cl, tag, from, to := migrating(t, nil)
+	ctx := context.Background()
+	addrs := make([]string, len(cl.nodes))
+	for i, n := range cl.nodes {
+		addrs[i] = n.Addr
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h := &singles{n: map[string]int{}}
+	rdb.OnNewNode(func(node *redis.Client) { node.AddHook(h) })
+	if err := rdb.Ping(ctx).Err(); err != nil { // the slot map, with the slot still on from
+		t.Fatal(err)
+	}
+	s := slot(tag)
+	for _, node := range []int{to, from, 3 - from - to} {
+		if err := cl.rdbs[node].Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", cl.ids[to]).Err(); err != nil {
+			t.Fatalf("SETSLOT NODE: %v", err)
+		}
+	}
+	c := cache.New[string](rdb, cache.WithFailurePolicy(cache.FailClosed))
+	t.Cleanup(func() { _ = c.Close() })
+	keys := make([]string, 6)
+	for i := range keys {
+		keys[i] = tag + ":k" + strconv.Itoa(i)
+	}
+	src := &batchSource{}
+	got, err := c.GetOrLoadMany(ctx, keys, src.loadMany)
+	if err != nil {
+		t.Fatalf("GetOrLoadMany after the slot moved: %v", err)
+	}
+	calls, _ := src.snapshot()
+	for _, k := range keys {
+		if got[k] != "v:"+k {
+			t.Errorf("[%q] = %q; want %q", k, got[k], "v:"+k)
+		}
+	}
+	if len(calls) != 1 {
+		t.Errorf("loadMany calls = %d; want 1 (the batch's own)", len(calls))
+	}
+	if n := h.get("evalsha") + h.get("eval"); n != 0 {
+		t.Errorf("%d scripts sent one by one; want 0: the batch follows MOVED", n)
+	}
+	t.Logf("figures: %d keys of a slot moved behind the client's back: loadMany calls=%d, single scripts=%d", len(keys), len(calls), h.get("evalsha")+h.get("eval"))
+}
