@@ -1,5 +1,5 @@
 // Command hotkey is the flash-sale demo: one hot product whose cache entry is
-// cold and keeps expiring, served by several instances, with three caching
+// cold and keeps expiring, served by several instances, with four caching
 // strategies compared on the same workload.
 //
 //	go run ./examples/hotkey            # embedded Redis and MongoDB, ~25s once built
@@ -99,7 +99,7 @@ func (c *config) check() error {
 	return nil
 }
 
-// run sets up the servers, runs the three strategies one after another and
+// run sets up the servers, runs the strategies one after another and
 // writes the table (or JSON lines) to out and progress to errw.
 func run(ctx context.Context, cfg config, out, errw io.Writer) (*report, error) {
 	info := out

@@ -28,11 +28,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestDemoVerdict counts events, not throughput: the stampede strategy's
-// traffic goes on until the hot key has expired the wanted number of times (a
-// busy machine, compiling other packages on the same cores, just takes
-// longer), bounded by a generous limit that only a hang reaches. The others
-// run their duration: one expiry (the cold start) is all their checks need.
+// TestDemoVerdict counts events, not throughput: the traffic of the
+// library's strategies (stampede, stampede-near) goes on until the hot key
+// has expired the wanted number of times (a busy machine, compiling other
+// packages on the same cores, just takes longer), bounded by a generous
+// limit that only a hang reaches. The others run their duration: one expiry
+// (the cold start) is all their checks need.
 func TestDemoVerdict(t *testing.T) {
 	const minExpiries = 2 // the cold start and one TTL expiry under traffic
 	tests := []struct {
@@ -60,9 +61,11 @@ func TestDemoVerdict(t *testing.T) {
 			if !rep.OK {
 				t.Errorf("%s", rep.Verdict)
 			}
-			if s := rep.get("stampede"); s.CutShort || s.Expiries < minExpiries {
-				t.Errorf("stampede: %d expiries in %.1fs of traffic (cut short: %v); want at least %d",
-					s.Expiries, s.DurationS, s.CutShort, minExpiries)
+			for _, strategy := range []string{"stampede", "stampede-near"} {
+				if s := rep.get(strategy); s.CutShort || s.Expiries < minExpiries {
+					t.Errorf("%s: %d expiries in %.1fs of traffic (cut short: %v); want at least %d",
+						strategy, s.Expiries, s.DurationS, s.CutShort, minExpiries)
+				}
 			}
 			for _, r := range rep.Results {
 				if r.Errors != 0 {
@@ -75,11 +78,19 @@ func TestDemoVerdict(t *testing.T) {
 					t.Errorf("%s: redis cmds %d by %q; want a positive count from the server", r.Strategy, r.RedisCmds, r.RedisCmdsMethod)
 				}
 			}
-			s, n := rep.get("stampede"), rep.get("naive")
-			if s.DBLoads != int64(s.Expiries) || s.MaxLoadsExpiry != 1 {
-				t.Errorf("stampede: %d loads, %d expiries, up to %d in one; want one per expiry",
-					s.DBLoads, s.Expiries, s.MaxLoadsExpiry)
+			for _, strategy := range []string{"stampede", "stampede-near"} {
+				s := rep.get(strategy)
+				if s.DBLoads != int64(s.Expiries) || s.MaxLoadsExpiry != 1 {
+					t.Errorf("%s: %d loads, %d expiries, up to %d in one; want one per expiry",
+						strategy, s.DBLoads, s.Expiries, s.MaxLoadsExpiry)
+				}
 			}
+			// Between expiries the hot key is in memory: most requests are
+			// near hits (counted by an observer, in the children too).
+			if sn := rep.get("stampede-near"); sn.NearHits*2 <= sn.Requests {
+				t.Errorf("stampede-near: %d near hits of %d requests; want more than half", sn.NearHits, sn.Requests)
+			}
+			n := rep.get("naive")
 			// Every request goroutine misses together on a cold key; ask for a
 			// third of them so a slow, busy machine still passes.
 			if want := float64(cfg.Instances*cfg.Goroutines) / 3; n.LoadsPerExpiry < want {

@@ -20,11 +20,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// cacheOptions are added to every stampede cache built in this process (see
-// newInstance); -metrics puts the observer there for the length of a run.
-// Set before the instances start and reset after they end, so they only
-// read it.
-var cacheOptions []cache.Option
+// cacheOptions are added to the caches of a strategy built in this process
+// (see newInstance); -metrics puts an observer per stampede strategy there
+// for the length of a run. Set before the instances start and reset after
+// they end, so they only read it.
+var cacheOptions map[string][]cache.Option
 
 // metrics is the MeterProvider behind the observer and its reader.
 type metrics struct {
@@ -33,15 +33,19 @@ type metrics struct {
 }
 
 // startMetrics sends the events of the stampede caches built from now on to
-// a new MeterProvider, under cache.name "hotkey".
+// a new MeterProvider, with cache.name the strategy.
 func startMetrics() (*metrics, error) {
 	reader := sdkmetric.NewManualReader()
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	obs, err := cacheotel.Observer("hotkey", cacheotel.WithMeterProvider(provider))
-	if err != nil {
-		return nil, err
+	opts := map[string][]cache.Option{}
+	for _, s := range []string{"stampede", "stampede-near"} {
+		obs, err := cacheotel.Observer(s, cacheotel.WithMeterProvider(provider))
+		if err != nil {
+			return nil, err
+		}
+		opts[s] = []cache.Option{cache.WithObserver(obs)}
 	}
-	cacheOptions = []cache.Option{cache.WithObserver(obs)}
+	cacheOptions = opts
 	return &metrics{reader, provider}, nil
 }
 
@@ -56,6 +60,7 @@ func (m *metrics) stop() {
 // sum (seconds).
 type metricRow struct {
 	Metric string
+	Cache  string // cache.name: the strategy
 	Attrs  string // the attributes other than cache.name, k=v comma-separated
 	Value  int64
 	Hist   bool
@@ -75,20 +80,25 @@ func (m *metrics) collect(ctx context.Context) ([]metricRow, error) {
 			switch d := mt.Data.(type) {
 			case metricdata.Sum[int64]:
 				for _, dp := range d.DataPoints {
-					rows = append(rows, metricRow{Metric: mt.Name, Attrs: attrs(dp.Attributes.ToSlice()), Value: dp.Value})
+					rows = append(rows, metricRow{Metric: mt.Name, Cache: cacheName(dp.Attributes), Attrs: attrs(dp.Attributes.ToSlice()), Value: dp.Value})
 				}
 			case metricdata.Histogram[float64]:
 				for _, dp := range d.DataPoints {
-					rows = append(rows, metricRow{Metric: mt.Name, Attrs: attrs(dp.Attributes.ToSlice()),
+					rows = append(rows, metricRow{Metric: mt.Name, Cache: cacheName(dp.Attributes), Attrs: attrs(dp.Attributes.ToSlice()),
 						Hist: true, Count: dp.Count, Sum: dp.Sum})
 				}
 			}
 		}
 	}
 	slices.SortFunc(rows, func(a, b metricRow) int {
-		return strings.Compare(a.Metric+" "+a.Attrs, b.Metric+" "+b.Attrs)
+		return strings.Compare(a.Metric+" "+a.Cache+" "+a.Attrs, b.Metric+" "+b.Cache+" "+b.Attrs)
 	})
 	return rows, nil
+}
+
+func cacheName(set attribute.Set) string {
+	v, _ := set.Value(cacheotel.KeyName)
+	return v.AsString()
 }
 
 // attrs formats the attributes other than cache.name.
@@ -109,14 +119,14 @@ func (m *metrics) write(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "metrics of the stampede caches (OpenTelemetry, cache.name=hotkey, all instances of this process):")
+	fmt.Fprintln(w, "metrics of the stampede caches (OpenTelemetry, cache.name = the strategy, all instances of this process):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "metric\tattributes\tvalue\tsum\t")
+	fmt.Fprintln(tw, "metric\tcache.name\tattributes\tvalue\tsum\t")
 	for _, r := range rows {
 		if r.Hist {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.3fs\t\n", r.Metric, r.Attrs, r.Count, r.Sum)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.3fs\t\n", r.Metric, r.Cache, r.Attrs, r.Count, r.Sum)
 		} else {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t\t\n", r.Metric, r.Attrs, r.Value)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t\t\n", r.Metric, r.Cache, r.Attrs, r.Value)
 		}
 	}
 	_ = tw.Flush()

@@ -33,14 +33,23 @@ func TestDemoMetrics(t *testing.T) {
 	}
 
 	rows := metricsTable(t, out.String())
-	s := rep.get("stampede")
-	loads, hits, misses := rows["cache.load.duration cache.outcome=ok"], rows["cache.lookups cache.lookup.result=hit"],
-		rows["cache.lookups cache.lookup.result=miss"]
-	if loads != s.DBLoads || loads == 0 {
-		t.Errorf("cache.load.duration{ok} count = %d; want the %d database loads of the stampede strategy, at least 1", loads, s.DBLoads)
+	for _, strategy := range []string{"stampede", "stampede-near"} {
+		s := rep.get(strategy)
+		loads, hits, misses := rows["cache.load.duration "+strategy+" cache.outcome=ok"],
+			rows["cache.lookups "+strategy+" cache.lookup.result=hit"], rows["cache.lookups "+strategy+" cache.lookup.result=miss"]
+		if loads != s.DBLoads || loads == 0 {
+			t.Errorf("%s: cache.load.duration{ok} count = %d; want its %d database loads, at least 1", strategy, loads, s.DBLoads)
+		}
+		if misses == 0 || strategy == "stampede" && hits == 0 {
+			t.Errorf("%s: cache.lookups: %d hits, %d misses; want misses (the cold start), and hits for stampede", strategy, hits, misses)
+		}
 	}
-	if hits == 0 || misses == 0 {
-		t.Errorf("cache.lookups: %d hits, %d misses; want both (the cold start misses)", hits, misses)
+	// The demo's own count of memory hits and the adapter's agree.
+	if near, want := rows["cache.near.hits stampede-near"], rep.get("stampede-near").NearHits; near != want || near == 0 {
+		t.Errorf("cache.near.hits{stampede-near} = %d; want %d, the near hits the demo counted, at least 1", near, want)
+	}
+	if _, ok := rows["cache.near.hits stampede"]; ok {
+		t.Error("cache.near.hits recorded for stampede, which has no near cache")
 	}
 	for k := range rows {
 		if strings.Contains(k, "=error") {
@@ -56,8 +65,8 @@ func TestMetricsNeedOneProcess(t *testing.T) {
 	}
 }
 
-// metricsTable parses the -metrics table: "metric attrs" to a counter's
-// value or a histogram's count.
+// metricsTable parses the -metrics table: "metric cache.name attrs" to a
+// counter's value or a histogram's count.
 func metricsTable(t *testing.T, out string) map[string]int64 {
 	t.Helper()
 	_, table, ok := strings.Cut(out, "metrics of the stampede caches")

@@ -71,6 +71,7 @@ type tally struct {
 	FirstError string `json:"first_error,omitempty"`
 	Loads      []span `json:"loads"`
 	RedisSent  int64  `json:"redis_sent"`
+	NearHits   int64  `json:"near_hits"`
 	Latency    hist   `json:"latency_us"`
 }
 
@@ -82,6 +83,7 @@ func (t *tally) merge(o tally) {
 	}
 	t.Loads = append(t.Loads, o.Loads...)
 	t.RedisSent += o.RedisSent
+	t.NearHits += o.NearHits
 	if t.Latency == nil {
 		t.Latency = hist{}
 	}
@@ -116,6 +118,7 @@ func expiries(loads []span, ttl time.Duration) (n, most int) {
 type result struct {
 	Strategy        string  `json:"strategy"`
 	Requests        int64   `json:"requests"`
+	NearHits        int64   `json:"near_hits"`        // requests served from the near cache (stampede-near)
 	DBLoads         int64   `json:"db_loads"`         // counted by the loader
 	DBLoadsServer   int64   `json:"db_loads_server"`  // find commands the database served; -1 if it cannot tell
 	Expiries        int     `json:"expiries"`         // times the hot key was missing (cold start + TTL expiries)
@@ -144,7 +147,7 @@ type result struct {
 // around it.
 func measure(ctx context.Context, cfg config, e *env, strategy string, errw io.Writer) (result, error) {
 	spec := instanceSpec{Strategy: strategy, RedisAddr: e.redisAddr, MongoURI: e.mongoURI, DB: e.dbName,
-		Key: hotKey(e.runID, strategy), Goroutines: cfg.Goroutines, TTL: cfg.TTL, LoadDelay: cfg.LoadDelay}
+		Key: hotKey(e.runID, strategy), Prefix: hotPrefix(e.runID, strategy), Goroutines: cfg.Goroutines, TTL: cfg.TTL, LoadDelay: cfg.LoadDelay}
 	// Cold, whatever ran before (one key per command: a cluster may hold them in two slots).
 	for _, k := range []string{spec.Key, cache.LockKey(spec.Key)} {
 		if err := e.rdb.Del(ctx, k).Err(); err != nil {
@@ -155,8 +158,8 @@ func measure(ctx context.Context, cfg config, e *env, strategy string, errw io.W
 
 	live := &counters{}
 	wcfg := cfg
-	if strategy != "stampede" {
-		// Only stampede's loads per expiry are judged, and counting the
+	if !judged(strategy) {
+		// Only the library's loads per expiry are judged, and counting the
 		// expiries of the others from their loads is unreliable once loads
 		// outlast the TTL (a busy machine): the first value expires while
 		// duplicate loads of the same miss still run.
@@ -179,7 +182,7 @@ func measure(ctx context.Context, cfg config, e *env, strategy string, errw io.W
 
 	finds1, cmds1 := e.finds(ctx), e.redisCommands(ctx)
 	r := result{
-		Strategy: strategy, Requests: t.Requests, DBLoads: int64(len(t.Loads)), DBLoadsServer: -1,
+		Strategy: strategy, Requests: t.Requests, NearHits: t.NearHits, DBLoads: int64(len(t.Loads)), DBLoadsServer: -1,
 		Errors: t.Errors, FirstError: t.FirstError, P50ms: t.Latency.quantile(0.50), P99ms: t.Latency.quantile(0.99), MaxMs: t.Latency.quantile(1),
 		RedisCmds: t.RedisSent, RedisCmdsMethod: "client hook", RedisCmdsSent: t.RedisSent,
 		Instances: cfg.Instances, Procs: cfg.Procs, Goroutines: cfg.Goroutines, DurationS: ran.Seconds(), CutShort: short,
@@ -297,7 +300,7 @@ func runInstances(ctx context.Context, n int, spec instanceSpec, live *counters,
 func progress(w io.Writer, strategy string, d time.Duration, live *counters) (stop func()) {
 	began := time.Now()
 	line := func() string {
-		return fmt.Sprintf("%-8s %5.1fs of %v  requests %-8d db loads %d",
+		return fmt.Sprintf("%-13s %5.1fs of %v  requests %-8d db loads %d",
 			strategy, time.Since(began).Seconds(), d, live.requests.Load(), live.loads.Load())
 	}
 	if !isTerminal(w) {
@@ -349,6 +352,10 @@ func (r *report) get(strategy string) result {
 	return result{}
 }
 
+// judged says whether a strategy is the library's, whose loads per expiry
+// the verdict checks.
+func judged(strategy string) bool { return strategy == "stampede" || strategy == "stampede-near" }
+
 // judge fails the run if the library loaded the key more than once in any
 // expiry, if any request failed, or if the loader and the database disagree
 // on the number of loads.
@@ -361,18 +368,28 @@ func (r *report) judge() {
 			r.Problems = append(r.Problems, fmt.Sprintf("%s: the loader counted %d loads but the database served %d finds", x.Strategy, x.DBLoads, x.DBLoadsServer))
 		}
 	}
-	s, n, l := r.get("stampede"), r.get("naive"), r.get("local")
-	if s.MaxLoadsExpiry > 1 {
-		r.Problems = append(r.Problems, fmt.Sprintf("stampede: %d loads for %d expiries (up to %d in one)", s.DBLoads, s.Expiries, s.MaxLoadsExpiry))
+	for _, x := range r.Results {
+		if judged(x.Strategy) && x.MaxLoadsExpiry > 1 {
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: %d loads for %d expiries (up to %d in one)", x.Strategy, x.DBLoads, x.Expiries, x.MaxLoadsExpiry))
+		}
 	}
+	s, sn, n, l := r.get("stampede"), r.get("stampede-near"), r.get("naive"), r.get("local")
 	r.OK = len(r.Problems) == 0
 	if r.OK {
-		r.Verdict = fmt.Sprintf("verdict: OK - stampede loaded the hot key once per expiry (loads %d = expiries %d); "+
+		r.Verdict = fmt.Sprintf("verdict: OK - stampede loaded the hot key once per expiry (loads %d = expiries %d), "+
+			"stampede-near too (loads %d = expiries %d, %.2fx local's requests); "+
 			"naive loaded it %.1f times per expiry, local %.1f; no request failed",
-			s.DBLoads, s.Expiries, n.LoadsPerExpiry, l.LoadsPerExpiry)
+			s.DBLoads, s.Expiries, sn.DBLoads, sn.Expiries, ratio(sn.Requests, l.Requests), n.LoadsPerExpiry, l.LoadsPerExpiry)
 	} else {
 		r.Verdict = "verdict: FAIL - " + strings.Join(r.Problems, "; ")
 	}
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
 }
 
 func (r *report) writeJSON(w io.Writer) {
@@ -384,13 +401,17 @@ func (r *report) writeJSON(w io.Writer) {
 
 func (r *report) writeTable(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\trequests\tdb loads\tdb finds seen\texpiries\tloads/expiry\tredis cmds\tp50\tp99\tmax\terrors\t")
+	fmt.Fprintln(tw, "strategy\trequests\tnear hits\tdb loads\tdb finds seen\texpiries\tloads/expiry\tredis cmds\tp50\tp99\tmax\terrors\t")
 	for _, x := range r.Results {
 		seen := "n/a"
 		if x.DBLoadsServer >= 0 {
 			seen = fmt.Sprint(x.DBLoadsServer)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%.2f\t%d\t%.2fms\t%.2fms\t%.0fms\t%d\t\n", x.Strategy, x.Requests, x.DBLoads, seen,
+		near := "-"
+		if x.Strategy == "stampede-near" {
+			near = fmt.Sprint(x.NearHits)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%d\t%.2f\t%d\t%.2fms\t%.2fms\t%.0fms\t%d\t\n", x.Strategy, x.Requests, near, x.DBLoads, seen,
 			x.Expiries, x.LoadsPerExpiry, x.RedisCmds, x.P50ms, x.P99ms, x.MaxMs, x.Errors)
 	}
 	_ = tw.Flush()
@@ -399,6 +420,12 @@ func (r *report) writeTable(w io.Writer) {
 	fmt.Fprintln(w, "naive:    GET; on a miss, FindOne and SET. No coordination.")
 	fmt.Fprintln(w, "local:    naive inside golang.org/x/sync/singleflight, per instance (what go-redis/cache Once does).")
 	fmt.Fprintln(w, "stampede: this library's cache.GetOrLoad (singleflight, then one Redis lock across instances).")
+	fmt.Fprintln(w, "stampede-near: stampede with WithNearCache(64 MB) and WithNearShared: hits are memory reads, dropped on")
+	fmt.Fprintln(w, "          every write of the key by Redis client-side caching (near hits: requests served so).")
+	if r.env != nil && r.env.miniredis {
+		fmt.Fprintln(w, "          miniredis has no CLIENT TRACKING: the near cache is never sure of its invalidations,")
+		fmt.Fprintln(w, "          so it serves nothing and every read goes to Redis. Set REDIS_ADDR to see it work.")
+	}
 	fmt.Fprintln(w, "db loads: FindOne calls counted by the loader; db finds seen: the database's own count of find")
 	fmt.Fprintln(w, "          commands over the same interval (serverStatus metrics.commands.find.total).")
 	fmt.Fprintln(w, "expiries: times the hot key was missing from Redis: the cold start, then each TTL expiry under traffic.")

@@ -61,7 +61,12 @@ type env struct {
 }
 
 func hotKey(runID, strategy string) string {
-	return "stampede-hotkey:" + runID + ":" + strategy + ":product:" + hotID
+	return hotPrefix(runID, strategy) + "product:" + hotID
+}
+
+// hotPrefix is the start of a strategy's keys (stampede-near's cache prefix).
+func hotPrefix(runID, strategy string) string {
+	return "stampede-hotkey:" + runID + ":" + strategy + ":"
 }
 
 func setup(ctx context.Context, cfg config, logw io.Writer) (e *env, err error) {

@@ -1,6 +1,6 @@
-// strategies.go is the three ways a service instance reads the hot product
-// (naive cache-aside, per-instance singleflight, this library) and the
-// request loop that hammers it.
+// strategies.go is the four ways a service instance reads the hot product
+// (naive cache-aside, per-instance singleflight, this library, this library
+// with its near cache) and the request loop that hammers it.
 package main
 
 import (
@@ -21,7 +21,10 @@ import (
 	"golang.org/x/sync/singleflight"
 )
 
-var strategies = []string{"naive", "local", "stampede"}
+var strategies = []string{"naive", "local", "stampede", "stampede-near"}
+
+// nearBudget is stampede-near's near cache: far more than the hot key needs.
+const nearBudget = 64 << 20
 
 // instanceSpec is what one service instance needs; it crosses the process
 // boundary as JSON for -procs.
@@ -31,6 +34,7 @@ type instanceSpec struct {
 	MongoURI   string        `json:"mongo_uri"`
 	DB         string        `json:"db"`
 	Key        string        `json:"key"`
+	Prefix     string        `json:"prefix"` // the start of Key that is stampede-near's cache prefix
 	Goroutines int           `json:"goroutines"`
 	TTL        time.Duration `json:"ttl"`
 	LoadDelay  time.Duration `json:"load_delay"`
@@ -78,11 +82,12 @@ type instance struct {
 	get  func(context.Context) (Product, error)
 	live *counters
 
-	closeCache func() error // the stampede strategy's Cache.Close; nil for the others
+	closeCache func() error // the stampede strategies' Cache.Close; nil for the others
 
-	sent  atomic.Int64 // Redis commands this instance sent (hook)
-	mu    sync.Mutex   // protects loads
-	loads []span
+	sent     atomic.Int64 // Redis commands this instance sent (hook)
+	nearHits atomic.Int64 // stampede-near's requests served from memory (observer)
+	mu       sync.Mutex   // protects loads
+	loads    []span
 }
 
 func newInstance(ctx context.Context, spec instanceSpec, live *counters) (*instance, error) {
@@ -122,8 +127,25 @@ func newInstance(ctx context.Context, spec instanceSpec, live *counters) (*insta
 		// key before it expires, so that it never does.
 		c := cache.New[Product](in.rdb, append([]cache.Option{
 			cache.WithTTL(spec.TTL), cache.WithoutJitter(), cache.WithEarlyRefresh(0),
-		}, cacheOptions...)...)
+		}, cacheOptions[spec.Strategy]...)...)
 		in.get = func(ctx context.Context) (Product, error) { return c.GetOrLoad(ctx, spec.Key, in.load) }
+		in.closeCache = c.Close
+	case "stampede-near":
+		// stampede, plus a near cache: hits are memory reads, kept coherent
+		// by Redis client-side caching. The prefix makes Redis report only
+		// the demo's keys. Shared values are safe here: a Product holds no
+		// map, slice or pointer, so each caller gets its own copy anyway.
+		c := cache.New[Product](in.rdb, append([]cache.Option{
+			cache.WithTTL(spec.TTL), cache.WithoutJitter(), cache.WithEarlyRefresh(0),
+			cache.WithPrefix(spec.Prefix), cache.WithNearCache(nearBudget), cache.WithNearShared(),
+			cache.WithObserver(func(e cache.Event) {
+				if e.Kind == cache.EventNearHit {
+					in.nearHits.Add(1)
+				}
+			}),
+		}, cacheOptions[spec.Strategy]...)...)
+		key := spec.Key[len(spec.Prefix):]
+		in.get = func(ctx context.Context) (Product, error) { return c.GetOrLoad(ctx, key, in.load) }
 		in.closeCache = c.Close
 	default:
 		in.close()
@@ -237,6 +259,7 @@ func (in *instance) run(ctx context.Context, start, stop <-chan struct{}) tally 
 	total.Loads = append(total.Loads, in.loads...)
 	in.mu.Unlock()
 	total.RedisSent = in.sent.Load()
+	total.NearHits = in.nearHits.Load()
 	return total
 }
 
