@@ -152,6 +152,9 @@ func TestExpiries(t *testing.T) {
 		// The duplicate's SET at 60ms keeps the value until 160ms, past 120ms.
 		{"late duplicate keeps the value alive", []span{ms(0, 10), ms(5, 60), ms(120, 130)}, 1, 3},
 		{"unsorted", []span{ms(230, 240), ms(0, 10), ms(115, 125), ms(116, 126)}, 3, 2},
+		// The value of the load that ended at 10ms expired at 109ms (its
+		// expiry is whole milliseconds); a load at 109.5ms found a new miss.
+		{"within the expiry's resolution", []span{ms(0, 10), {Start: 109_500_000, End: 120_000_000}}, 2, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -94,10 +94,12 @@ func (t *tally) merge(o tally) {
 
 // expiries counts the times the hot key was missing: the cold start, then
 // every time its TTL ran out under traffic. A value written after a load
-// that ended at time E lives until at least E+TTL, so a load that starts
-// before the latest end in its group plus the TTL found a miss of that same
-// group (a duplicate load); one that starts later found a new expiry. It also
-// returns the largest number of loads any one expiry caused.
+// that ended at time E lives until at least E+TTL (less up to a millisecond:
+// the library stores the expiry in whole milliseconds, and stampede-near's
+// callers, reading memory, reach Redis within microseconds of it), so a load
+// that starts before the latest end in its group plus the TTL found a miss
+// of that same group (a duplicate load); one that starts later found a new
+// expiry. It also returns the largest number of loads any one expiry caused.
 func expiries(loads []span, ttl time.Duration) (n, most int) {
 	loads = slices.Clone(loads)
 	slices.SortFunc(loads, func(a, b span) int { return int(a.Start - b.Start) })
@@ -109,10 +111,14 @@ func expiries(loads []span, ttl time.Duration) (n, most int) {
 		}
 		group++
 		most = max(most, group)
-		until = max(until, l.End+ttl.Nanoseconds())
+		until = max(until, l.End+(ttl-expiryResolution).Nanoseconds())
 	}
 	return n, most
 }
+
+// expiryResolution is how much earlier than E+TTL a value may expire (see
+// expiries).
+const expiryResolution = time.Millisecond
 
 // result is one strategy's row, and its JSON line.
 type result struct {
