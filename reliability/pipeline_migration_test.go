@@ -167,7 +167,9 @@ func TestGetOrLoadManyDuringSlotMigration(t *testing.T) {
 		rounds*instances, 2*perKind, answered, wrong, len(errs), extra)
 }
 
-// singles counts the commands a node runs outside pipelines, by name.
+// singles counts the commands a node runs outside pipelines, by name, and
+// the GETs its pipelines send after ASKING (go-redis itself only sends
+// ASKING before single commands: a GET that follows one is the batch's).
 type singles struct {
 	mu sync.Mutex // protects n
 	n  map[string]int
@@ -185,13 +187,31 @@ func (h *singles) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *singles) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		for i := 1; i < len(cmds); i++ {
+			if cmds[i-1].Name() == "asking" && cmds[i].Name() == "get" {
+				h.n["asking get"]++
+			}
+		}
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
 }
 
-func TestGetOrLoadManyFollowsMoved(t *testing.T) {
-	// A client whose slot map is stale after a slot moved: the batch's
-	// pipelines meet MOVED and follow it themselves, instead of leaving
-	// every key to a single-key GetOrLoad.
+func TestGetOrLoadManyFollowsRedirects(t *testing.T) {
+	// The batch's pipelines meet MOVED (a client whose slot map went stale
+	// after a slot moved) or ASK (keys absent from a slot's source while it
+	// migrates) and follow them themselves. After MOVED every script runs
+	// in the batch's pipelines, none is left to a single-key GetOrLoad.
+	// After ASK, the batch sends ASKING and the command to the importing
+	// node: the GETs get nil, the scripts (two keys, both missing there)
+	// TRYAGAIN, waited out until the slot has moved.
+	t.Run("MOVED", func(t *testing.T) { followsRedirects(t, true) })
+	t.Run("ASK", func(t *testing.T) { followsRedirects(t, false) })
+}
+
+func followsRedirects(t *testing.T, moved bool) {
 	cl, tag, from, to := migrating(t, nil)
 	ctx := context.Background()
 	addrs := make([]string, len(cl.nodes))
@@ -206,12 +226,19 @@ func TestGetOrLoadManyFollowsMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := slot(tag)
-	for _, node := range []int{to, from, 3 - from - to} {
-		if err := cl.rdbs[node].Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", cl.ids[to]).Err(); err != nil {
-			t.Fatalf("SETSLOT NODE: %v", err)
+	finish := func() {
+		for _, node := range []int{to, from, 3 - from - to} {
+			if err := cl.rdbs[node].Do(ctx, "CLUSTER", "SETSLOT", s, "NODE", cl.ids[to]).Err(); err != nil {
+				t.Errorf("SETSLOT NODE: %v", err)
+			}
 		}
 	}
-	c := cache.New[string](rdb, cache.WithFailurePolicy(cache.FailClosed))
+	if moved {
+		finish()
+	} else {
+		time.AfterFunc(500*time.Millisecond, finish) // the batch waits out TRYAGAIN until then
+	}
+	c := cache.New[string](rdb, cache.WithFailurePolicy(cache.FailClosed), cache.WithRetry(100, 20*time.Millisecond))
 	t.Cleanup(func() { _ = c.Close() })
 	keys := make([]string, 6)
 	for i := range keys {
@@ -220,7 +247,7 @@ func TestGetOrLoadManyFollowsMoved(t *testing.T) {
 	src := &batchSource{}
 	got, err := c.GetOrLoadMany(ctx, keys, src.loadMany)
 	if err != nil {
-		t.Fatalf("GetOrLoadMany after the slot moved: %v", err)
+		t.Fatalf("GetOrLoadMany: %v", err)
 	}
 	calls, _ := src.snapshot()
 	for _, k := range keys {
@@ -228,11 +255,15 @@ func TestGetOrLoadManyFollowsMoved(t *testing.T) {
 			t.Errorf("[%q] = %q; want %q", k, got[k], "v:"+k)
 		}
 	}
-	if len(calls) != 1 {
+	if moved && len(calls) != 1 {
 		t.Errorf("loadMany calls = %d; want 1 (the batch's own)", len(calls))
 	}
-	if n := h.get("evalsha") + h.get("eval"); n != 0 {
+	if n := h.get("evalsha") + h.get("eval"); moved && n != 0 {
 		t.Errorf("%d scripts sent one by one; want 0: the batch follows MOVED", n)
 	}
-	t.Logf("figures: %d keys of a slot moved behind the client's back: loadMany calls=%d, single scripts=%d", len(keys), len(calls), h.get("evalsha")+h.get("eval"))
+	if n := h.get("asking get"); !moved && n != len(keys) {
+		t.Errorf("%d GETs sent after ASKING; want %d, one per key: the batch follows ASK", n, len(keys))
+	}
+	t.Logf("figures: %d keys (MOVED: %v): loadMany calls=%d, single scripts=%d, GETs after ASKING=%d",
+		len(keys), moved, len(calls), h.get("evalsha")+h.get("eval"), h.get("asking get"))
 }
