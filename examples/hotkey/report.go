@@ -417,8 +417,8 @@ func (r *report) writeTable(w io.Writer) {
 		if x.Strategy == "stampede-near" {
 			near = fmt.Sprint(x.NearHits)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%d\t%.2f\t%d\t%.2fms\t%.2fms\t%.0fms\t%d\t\n", x.Strategy, x.Requests, near, x.DBLoads, seen,
-			x.Expiries, x.LoadsPerExpiry, x.RedisCmds, x.P50ms, x.P99ms, x.MaxMs, x.Errors)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%d\t%.2f\t%d\t%s\t%s\t%.0fms\t%d\t\n", x.Strategy, x.Requests, near, x.DBLoads, seen,
+			x.Expiries, x.LoadsPerExpiry, x.RedisCmds, ms(x.P50ms), ms(x.P99ms), x.MaxMs, x.Errors)
 	}
 	_ = tw.Flush()
 
@@ -452,6 +452,15 @@ func (r *report) writeTable(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, r.Verdict)
+}
+
+// ms formats a latency; a memory read (stampede-near's hits) is below the
+// histogram's 1 µs unit and would otherwise print as 0.00ms.
+func ms(v float64) string {
+	if v < 0.01 {
+		return "<0.01ms"
+	}
+	return fmt.Sprintf("%.2fms", v)
 }
 
 func (r *report) sentSummary() string {
