@@ -16,10 +16,12 @@ var epoch = time.Now()
 func nanotime() int64 { return int64(time.Since(epoch)) }
 
 // breaker is safe for concurrent use. The zero value with threshold 0 never
-// opens.
+// opens. Every Cache on one client with the same breaker settings shares
+// one (see shared.go).
 type breaker struct {
 	threshold int32
 	coolDown  time.Duration
+	health    *health      // the client's; nil in tests that make a breaker alone
 	fails     atomic.Int32 // consecutive outages
 	until     atomic.Int64 // 0: closed; else the nanotime of the next probe
 }

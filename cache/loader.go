@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -40,9 +41,10 @@ type Cache[V any] struct {
 	group    singleflight.Group // merges this process's callers of one key
 	calls    sync.Pool          // *flightCall[V]: a caller's request to group
 	reads    *coalescer         // sends concurrent flights' GETs together
-	brk      breaker
-	notify   *notifier // wakes waiters; nil: they poll
-	near     *near[V]  // values kept in memory; nil: off (see WithNearCache)
+	share    *share             // what the Caches on rdb share (see shared.go)
+	brk      *breaker           // share's
+	notify   *notifier          // share's: wakes waiters; nil: they poll
+	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
 
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
@@ -53,14 +55,23 @@ type Cache[V any] struct {
 // New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient,
 // *redis.Ring or failover client. Invalid options panic, naming the option:
 // they are programming errors, found at start-up.
+//
+// Every Cache on the same client (the same pointer) shares one set of
+// resources: one subscription per Redis master for its waiters, one circuit
+// breaker per breaker setting (see [WithCircuitBreaker]) and what is known
+// of Redis's health, so that N caches on one client cost one subscribed
+// connection per master and learn of an outage together. The last of them
+// to be closed (see [Cache.Close]) releases them.
 func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	if rdb == nil {
 		panic("cache: New: nil Redis client")
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	_, c.cluster = rdb.(*redis.ClusterClient)
-	c.brk.threshold, c.brk.coolDown = int32(c.cfg.breaker.failures), c.cfg.breaker.coolDown
-	c.notify = newNotifier(rdb)
+	c.share = acquire(rdb, &c.cfg)
+	c.brk, c.notify = c.share.brk, c.share.res.notify
+	// A Cache dropped without Close gives its hold back when collected.
+	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.reads = newCoalescer(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
 	if c.cfg.near.on {
 		c.near = newNear(c)
@@ -121,9 +132,6 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 	}
 	if load == nil {
 		return zero, ErrNilLoader
-	}
-	if v, ok := c.nearGet(key); ok {
-		return v, nil
 	}
 	tk := c.nearTicket(key) // before start: every read this caller takes is sent after it
 	start := time.Now()
