@@ -215,7 +215,7 @@ func (b *batch[V]) run() {
 	if !c.brk.allow() {
 		var uncached []string
 		for _, k := range b.keys {
-			if b.outage(ctx, k, ErrCircuitOpen) {
+			if b.outage(ctx, k, c.brk.err()) {
 				uncached = append(uncached, k)
 			}
 		}
@@ -753,7 +753,7 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 	if outage {
 		class = errOutage
 	}
-	switch c.brk.record(class) {
+	switch c.brk.record(class, first) {
 	case +1:
 		c.cfg.emit(EventBreakerOpen, keys[0], 0, first)
 	case -1:

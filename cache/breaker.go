@@ -6,6 +6,7 @@
 package cache
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -21,9 +22,10 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 type breaker struct {
 	threshold int32
 	coolDown  time.Duration
-	health    *health      // the client's; nil in tests that make a breaker alone
-	fails     atomic.Int32 // consecutive outages
-	until     atomic.Int64 // 0: closed; else the nanotime of the next probe
+	health    *health               // the client's; nil in tests that make a breaker alone
+	fails     atomic.Int32          // consecutive outages
+	until     atomic.Int64          // 0: closed; else the nanotime of the next probe
+	why       atomic.Pointer[error] // what the calls it keeps from Redis get: set when it opens
 }
 
 // allow reports whether a call may go to Redis: always while closed; once per
@@ -40,9 +42,21 @@ func (b *breaker) allow() bool {
 // open reports whether the breaker is open, for callers that must not probe.
 func (b *breaker) open() bool { return b.until.Load() != 0 }
 
-// record counts a Redis call's outcome; it reports whether the breaker
-// opened (+1) or closed (-1) with it.
-func (b *breaker) record(c errClass) int {
+// err is the error of a call the open breaker kept from Redis: it matches
+// ErrCircuitOpen and names the address and the failure that opened it.
+func (b *breaker) err() error {
+	if e := b.why.Load(); e != nil {
+		return *e
+	}
+	return ErrCircuitOpen
+}
+
+// record counts a Redis call's outcome (err, of class c); it reports
+// whether the breaker opened (+1) or closed (-1) with it.
+func (b *breaker) record(c errClass, err error) int {
+	if b.health != nil {
+		b.health.observe(c, err)
+	}
 	if b.threshold == 0 {
 		return 0
 	}
@@ -58,6 +72,12 @@ func (b *breaker) record(c errClass) int {
 	if b.fails.Add(1) < b.threshold {
 		return 0
 	}
+	addr := "?"
+	if b.health != nil {
+		addr = b.health.addr
+	}
+	why := fmt.Errorf("%w: redis at %s: %v", ErrCircuitOpen, addr, err) // before it opens: every call it keeps out gets it
+	b.why.Store(&why)
 	if b.until.Swap(nanotime()+int64(b.coolDown)) == 0 {
 		return +1
 	}

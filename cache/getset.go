@@ -37,7 +37,7 @@ func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 		return v, nil
 	}
 	if !c.brk.allow() {
-		return zero, ErrCircuitOpen
+		return zero, c.brk.err()
 	}
 	tk := c.nearTicket(key)
 	at := time.Now()

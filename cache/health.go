@@ -1,11 +1,18 @@
 // health.go is what the caches on one client know of their Redis: where it
-// is, for the messages that name it.
+// is, whether it is down (the first failure of an outage is logged, once,
+// and so is its end) and whether it is out of memory; and Ping, the
+// readiness check that says what is wrong.
 
 package cache
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -13,16 +20,105 @@ import (
 // health is one client's state, shared by its caches and breakers. Safe
 // for concurrent use.
 type health struct {
-	addr string // where the client points, for messages
+	addr string      // where the client points, for messages
+	down atomic.Bool // an outage is in progress: its first failure was logged
+
+	mu      sync.Mutex
+	loggers map[*slog.Logger]int // protected by mu; by Caches using each; nil: slog.Default()
 }
 
-// loggerRef is a Cache's logger setting (see WithLogger).
-type loggerRef struct{}
+// loggerRef is a Cache's logger setting (see WithLogger): l, or
+// slog.Default() at the time of logging when l is nil, unless off.
+type loggerRef struct {
+	l   *slog.Logger
+	off bool
+}
 
-func (h *health) register(loggerRef)   {}
-func (h *health) unregister(loggerRef) {}
+func (c *config) loggerRef() loggerRef { return loggerRef{c.logger, c.logOff} }
 
-func (c *config) loggerRef() loggerRef { return loggerRef{} }
+func (h *health) register(r loggerRef) {
+	if r.off {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.loggers == nil {
+		h.loggers = map[*slog.Logger]int{}
+	}
+	h.loggers[r.l]++
+}
+
+func (h *health) unregister(r loggerRef) {
+	if r.off {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.loggers[r.l]--; h.loggers[r.l] <= 0 {
+		delete(h.loggers, r.l)
+	}
+}
+
+// log writes one record to each logger of the client's caches: the same
+// logger set on several caches writes it once.
+func (h *health) log(level slog.Level, msg string, args ...any) {
+	h.mu.Lock()
+	ls := make([]*slog.Logger, 0, len(h.loggers))
+	for l := range h.loggers {
+		if l == nil {
+			l = slog.Default()
+		}
+		ls = append(ls, l)
+	}
+	h.mu.Unlock()
+	for _, l := range ls {
+		l.Log(context.Background(), level, msg, args...)
+	}
+}
+
+// observe learns from a Redis call's outcome: the first failure without a
+// reply begins an outage and is logged; the first reply after it ends the
+// outage and is logged too. One atomic load on the way of every call.
+func (h *health) observe(class errClass, err error) {
+	if class == errOutage {
+		if !h.down.Load() && h.down.CompareAndSwap(false, true) {
+			h.log(slog.LevelError, "cache: redis unreachable; calls go on without it (FailOpen loads uncached, FailClosed fails) until it answers",
+				"redis", h.addr, "err", err)
+		}
+		return
+	}
+	if h.down.Load() && h.down.CompareAndSwap(true, false) {
+		h.log(slog.LevelInfo, "cache: redis answers again", "redis", h.addr)
+	}
+}
+
+// Ping checks that Redis answers, for a readiness probe, past the circuit
+// breaker: nil, or an error that names the address and the cause (on a
+// cluster or a ring, the node that failed). It costs one PING per node.
+func (c *Cache[V]) Ping(ctx context.Context) error {
+	node := func(ctx context.Context, n *redis.Client) error {
+		if err := n.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("node %s: %w", n.Options().Addr, err)
+		}
+		return nil
+	}
+	var err error
+	switch r := c.rdb.(type) {
+	case *redis.ClusterClient:
+		if err = r.ForEachShard(ctx, node); err != nil {
+			return fmt.Errorf("cache: ping redis cluster at %s: %w", addrOf(r), err)
+		}
+	case *redis.Ring:
+		if err = r.ForEachShard(ctx, node); err != nil {
+			return fmt.Errorf("cache: ping redis ring at %s: %w", addrOf(r), err)
+		}
+	default:
+		if err = c.rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("cache: ping redis at %s: %w", addrOf(c.rdb), err)
+		}
+	}
+	return nil
+}
 
 // addrOf names where rdb points: its address, a cluster's seed addresses or
 // a ring's shards.

@@ -332,7 +332,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 // observer, and classifies its error.
 func (c *Cache[V]) redisCall(key string, err error) errClass {
 	class := c.classify(err)
-	switch c.brk.record(class) {
+	switch c.brk.record(class, err) {
 	case +1:
 		c.cfg.emit(EventBreakerOpen, key, 0, err)
 	case -1:
@@ -348,7 +348,7 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 // at is a moment before the read is sent.
 func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error), at time.Time) (*result[V], error) {
 	if !c.brk.allow() {
-		return c.redisFailed(ctx, key, ErrCircuitOpen, load)
+		return c.redisFailed(ctx, key, c.brk.err(), load)
 	}
 	b, err := c.reads.get(ctx, key)
 	var skip []byte // bytes at key we could not decode: a miss, to be replaced

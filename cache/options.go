@@ -6,6 +6,7 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"time"
 )
@@ -67,6 +68,9 @@ type config struct {
 		coolDown time.Duration
 	}
 	near nearConfig // see near.go
+
+	logger *slog.Logger // nil: slog.Default()
+	logOff bool         // WithLogger(nil)
 
 	replicaReads bool // see replica.go
 }
@@ -185,7 +189,13 @@ func WithRetry(maxRetries int, backoff time.Duration) Option {
 // calls the loader at once (still merged per key in the process) and
 // [FailClosed] returns [ErrCircuitOpen]: an outage costs microseconds per
 // call, not the client's dial retries. Replies that are errors (a wrong
-// password, say) never open it. Default: 5 failures, 1s
+// password, say) never open it, nor does Redis refusing writes for want of
+// memory (OOM: it still serves reads). The caches of one client with the
+// same settings share one breaker, so that an outage one meets keeps all
+// of them off Redis at once ([EventBreakerOpen] goes to the observer of
+// the Cache whose call opened it); caches with other settings have their
+// own. While open, calls get an error matching [ErrCircuitOpen] that names
+// the address and the failure that opened it. Default: 5 failures, 1s
 // ([DefaultBreakerFailures], [DefaultBreakerCoolDown]). See
 // [WithoutCircuitBreaker].
 func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
@@ -231,8 +241,11 @@ func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.poli
 // returning them to a caller: a Redis error that [FailOpen] turned into an
 // uncached load, a loaded value not stored because the lock was lost (the
 // error wraps [ErrLoadLockLost]: a Delete ran or the lease lapsed), a failed
-// commit or lock release. Use it for logs and metrics; the cache itself
-// never logs. fn runs on the loading goroutine, so it must be quick and safe
+// commit or lock release, and once per episode of memory pressure, the
+// first OOM reply of Redis named as such (its writes are refused while
+// reads still work: the cache serves hits and returns loaded values
+// uncached). Use it for logs and metrics; the cache itself logs only what
+// [WithLogger] says. fn runs on the loading goroutine, so it must be quick and safe
 // for concurrent use. Default: none.
 func WithErrorHook(fn func(key string, err error)) Option {
 	return func(c *config) { c.onError = fn }
@@ -284,3 +297,14 @@ func WithStaleThrottle(d time.Duration) Option { return func(c *config) { c.thro
 // refresh goes on in the background. Default: 0, the stale value is
 // returned at once.
 func WithSoftLoadTimeout(d time.Duration) Option { return func(c *config) { c.softTimeout = d } }
+
+// WithLogger sets where the cache reports, once each, the first failure of
+// a Redis outage (naming the address and the cause), the end of that outage
+// and the beginning of a memory-pressure episode (see [WithErrorHook]): the
+// problems a service would otherwise absorb without anyone seeing them, as
+// [FailOpen] does. It never logs per call. The caches of one client log
+// each event once per logger, through the loggers of all of them. nil turns
+// it off. Default: [slog.Default] at the time of logging.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger, c.logOff = l, l == nil }
+}
