@@ -60,23 +60,63 @@ type notifier struct {
 	rdb     redis.UniversalClient // a *redis.Client or a *redis.ClusterClient
 	cluster *redis.ClusterClient  // rdb, when it is a cluster: one PubSub per master
 	plain   bool                  // SUBSCRIBE even where SSUBSCRIBE exists (tests)
+	timeout time.Duration         // bounds a subscribe: the client's dial plus write timeouts
 
 	mu        sync.Mutex
 	subs      map[string]*subscription // protected by mu; by master address ("" for a *redis.Client)
 	unsharded map[string]bool          // protected by mu; masters without SSUBSCRIBE
 	notBefore map[string]time.Time     // protected by mu; masters and channels ("#"+name) that failed
 	closed    bool                     // protected by mu
-	loops     sync.WaitGroup           // the message loops of the subscriptions
+	loops     sync.WaitGroup           // the message loops of the subscriptions, and subscribes in flight
 }
 
 func newNotifier(rdb redis.UniversalClient) *notifier {
 	switch c := rdb.(type) {
 	case *redis.Client:
-		return &notifier{rdb: c}
+		o := c.Options()
+		return &notifier{rdb: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}
 	case *redis.ClusterClient:
-		return &notifier{rdb: c, cluster: c}
+		o := c.Options()
+		return &notifier{rdb: c, cluster: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}
 	}
 	return nil
+}
+
+// subscribeTimeout is how long a subscribe may take: a dial and a write,
+// by the client's own timeouts (negative ones mean none: then go-redis's
+// defaults, 5s and 3s).
+func subscribeTimeout(dial, write time.Duration) time.Duration {
+	if dial <= 0 {
+		dial = 5 * time.Second
+	}
+	if write <= 0 {
+		write = 3 * time.Second
+	}
+	return dial + write
+}
+
+// goSubscribe sends the subscribe of cs on a goroutine of its own, bounded
+// by n.timeout rather than by the deadline of the wait that asked for it:
+// a dial slower than one backoff (a loaded machine, a far server) would
+// otherwise kill the new subscription and leave the master polled for
+// notifyRetry. The wait goes on waiting on cs.ready, its timer and its ctx
+// as before. The goroutine ends with the subscribe; close waits for it.
+func (n *notifier) goSubscribe(s *subscription, cs *channelSub) {
+	n.mu.Lock()
+	if n.closed {
+		cs.err = redis.ErrClosed
+		close(cs.ready)
+		n.mu.Unlock()
+		return
+	}
+	n.loops.Add(1)
+	n.mu.Unlock()
+	go func() {
+		defer n.loops.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
+		defer cancel()
+		s.subscribe(ctx, cs)
+	}()
 }
 
 // subscription is one PubSub: one connection to one master, and the
@@ -140,10 +180,9 @@ func (n *notifier) wait(ctx context.Context, key string, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	if n != nil {
-		deadline := time.Now().Add(d)
-		r := n.waitOn(ctx, key, d, deadline, t)
+		r := n.waitOn(ctx, key, d, t)
 		if r == waitRetry { // the server has no SSUBSCRIBE: once more, with SUBSCRIBE
-			r = n.waitOn(ctx, key, d, deadline, t)
+			r = n.waitOn(ctx, key, d, t)
 		}
 		switch r {
 		case waitWoken:
@@ -170,7 +209,7 @@ const (
 )
 
 // waitOn is one wait through the subscription of key's master.
-func (n *notifier) waitOn(ctx context.Context, key string, d time.Duration, deadline time.Time, t *time.Timer) waitResult {
+func (n *notifier) waitOn(ctx context.Context, key string, d time.Duration, t *time.Timer) waitResult {
 	ch := notifyChannel(key)
 	addr := ""
 	if n.cluster != nil {
@@ -189,9 +228,7 @@ func (n *notifier) waitOn(ctx context.Context, key string, d time.Duration, dead
 		return waitWoken
 	}
 	if subscribe {
-		sctx, cancel := context.WithDeadline(ctx, deadline)
-		s.subscribe(sctx, cs)
-		cancel()
+		n.goSubscribe(s, cs)
 	}
 	var ready <-chan struct{}
 	if cs != nil {

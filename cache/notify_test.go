@@ -518,3 +518,46 @@ func TestWaiterPollsWhenSubscriptionHangs(t *testing.T) {
 		}
 	}
 }
+
+// TestSubscriptionSurvivesASlowDial: a new subscription's dial slower than
+// the waiter's backoff does not kill it (issue 17.5): the subscribe has a
+// deadline of its own, so the waiter is woken by the holder's commit
+// instead of polling while the master is backed off.
+func TestSubscriptionSurvivesASlowDial(t *testing.T) {
+	rdb, key := setup(t)
+	key += "k"
+	const dialDelay, backoff = 400 * time.Millisecond, 100 * time.Millisecond
+	var dials atomic.Int64
+	slow := redis.NewClient(&redis.Options{
+		Addr: rdb.Options().Addr,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			select { // a loaded machine: the dial plus the handshake take longer than a backoff
+			case <-time.After(dialDelay):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	defer slow.Close()
+	var woken atomic.Int64
+	c := New[product](slow, WithRetry(100, backoff), eventCount(EventWoken, &woken))
+	defer c.Close()
+	h := startHolder(t, rdb.Options().Addr, key, false)
+	got := make(chan product, 1)
+	go func() {
+		v, err := c.GetOrLoad(context.Background(), key, (&counter{}).load)
+		assert.NoError(t, err)
+		got <- v
+	}()
+	waitFor(t, func() bool { // subscribed: the server counts a subscriber of the key's channel
+		ch := notifyChannel(key) // SSUBSCRIBE, or SUBSCRIBE on Redis < 7 (where SHARDNUMSUB fails: 0)
+		return rdb.PubSubShardNumSub(t.Context(), ch).Val()[ch]+rdb.PubSubNumSub(t.Context(), ch).Val()[ch] == 1
+	})
+	h.open(t, false)
+	assert.Equal(t, "holder", (<-got).ID)
+	assert.Equal(t, int64(1), woken.Load(), "woken by the commit, not by polling")
+	assert.Equal(t, int64(2), dials.Load(), "dials: the flight's connection and the subscription's, once")
+}
