@@ -26,7 +26,7 @@ func ExampleWithNearCache() {
 	var fromMemory atomic.Int64
 	products := cache.New[Product](rdb,
 		cache.WithPrefix(uniquePrefix("example:near:product:")), // only keys under it are reported
-		cache.WithNearCache(64<<20),                              // at most 64 MiB of values in memory
+		cache.WithNearCache(64<<20),                             // at most 64 MiB of values in memory
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearHit {
 				fromMemory.Add(1)
