@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -46,6 +47,7 @@ var competitors = []competitor{
 	// The near cache's rows: their miss path is stampede's own, measured in
 	// its row, so they run in the hit benchmarks only.
 	{name: "stampede-near", open: openStampedeNear(false), hitOnly: true},
+	{name: "stampede-near-clone", open: openStampedeNearClone, hitOnly: true},
 	{name: "stampede-near-shared", open: openStampedeNear(true), hitOnly: true},
 }
 
@@ -276,6 +278,42 @@ func openStampedeNear(shared bool) func(addr string, ttl time.Duration) (instanc
 		}
 		return openStampedeWith(addr, ttl, opts...)
 	}
+}
+
+// clonedProduct is a Product that copies itself, so that near-cache hits
+// clone it instead of decoding JSON (see cache.WithNearCache).
+type clonedProduct Product
+
+func (p *clonedProduct) Clone() clonedProduct {
+	c := *p
+	c.Tags = slices.Clone(p.Tags)
+	return c
+}
+
+// stampedeCloneInst is stampede with a near cache of values that clone
+// themselves: a copy per caller without a decode.
+type stampedeCloneInst struct {
+	rdb *redis.Client
+	c   *cache.Cache[clonedProduct]
+}
+
+func openStampedeNearClone(addr string, ttl time.Duration) (instance, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	return &stampedeCloneInst{rdb: rdb, c: cache.New[clonedProduct](rdb, cache.WithTTL(ttl), cache.WithoutJitter(),
+		cache.WithPrefix("bench:"), cache.WithNearCache(64<<20))}, nil
+}
+
+func (s *stampedeCloneInst) Get(ctx context.Context, key string, load loadFunc) (Product, error) {
+	v, err := s.c.GetOrLoad(ctx, key, func(ctx context.Context) (clonedProduct, error) {
+		p, err := load(ctx)
+		return clonedProduct(p), err
+	})
+	return Product(v), err
+}
+
+func (s *stampedeCloneInst) Close() {
+	_ = s.c.Close()
+	_ = s.rdb.Close()
 }
 
 func (s *stampedeInst) Get(ctx context.Context, key string, load loadFunc) (Product, error) {

@@ -29,12 +29,12 @@ var (
 // with other callers: each call is one GET.
 func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 	var zero V
+	if v, ok := c.nearGet(key); ok {
+		return v, nil
+	}
 	key, err := c.key(key)
 	if err != nil {
 		return zero, err
-	}
-	if v, ok := c.nearGet(key); ok {
-		return v, nil
 	}
 	if !c.brk.allow() {
 		return zero, c.brk.err()

@@ -7,6 +7,7 @@ package cache
 
 import (
 	"fmt"
+	"strings"
 	"math"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // nearEntryOverhead is what an entry costs besides its key and payload: the
 // entry struct, otter's node and its hash-table slot, as measured by
 // TestNearCacheStaysWithinItsBudget.
-const nearEntryOverhead = 160
+const nearEntryOverhead = 210
 
 // Near-cache defaults.
 const (
@@ -48,9 +49,10 @@ const (
 // Values due for early refresh and stale values are served through Redis,
 // which starts their refresh as without a near cache.
 //
-// Each caller gets its own copy, decoded from the stored bytes (no network,
-// but a decode per hit); [WithNearShared] hands out one decoded value
-// instead. Supported clients: *redis.Client (including a failover client),
+// Each caller gets its own copy: decoded from the stored bytes (no network,
+// but a decode per hit), or, when V (or *V) has a method Clone() V, a clone
+// of the value decoded once, which is much cheaper than a decode;
+// [WithNearShared] hands out one decoded value instead. Supported clients: *redis.Client (including a failover client),
 // *redis.ClusterClient (a connection per master) and *redis.Ring (one per
 // shard). Requires Redis 6.0 or later (CLIENT TRACKING).
 func WithNearCache(maxBytes int64) Option {
@@ -101,20 +103,26 @@ func (n *nearConfig) validate() error {
 // nearEntry is one value in memory.
 type nearEntry[V any] struct {
 	data  []byte // the codec's bytes: each caller decodes its own copy
-	v     V      // decoded once, for WithNearShared
+	v     *V     // decoded once, for WithNearShared and for cloners
 	until int64  // nanotime after which the entry is not served
 }
 
+// cloner is a value that copies itself: near hits clone instead of decoding.
+type cloner[V any] interface{ Clone() V }
+
 // near is a Cache's near cache; it is safe for concurrent use.
 type near[V any] struct {
-	store  *otter.Cache[string, *nearEntry[V]]
+	store  *otter.Cache[string, *nearEntry[V]] // by the caller's key: no prefix to add on a hit
+	prefix string
 	track  *tracker
-	shared bool
+	shared bool // hand out e.v itself
+	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
 }
 
 func newNear[V any](c *Cache[V]) *near[V] {
-	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge}
+	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix}
+	_, n.clones = any((*V)(nil)).(cloner[V])
 	n.store = otter.Must(&otter.Options[string, *nearEntry[V]]{
 		MaximumWeight: uint64(c.cfg.near.maxBytes),
 		Weigher: func(k string, e *nearEntry[V]) uint32 {
@@ -135,15 +143,20 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			c.cfg.emit(EventNearDrop, "", 0, nil)
 			return
 		}
-		if _, ok := n.store.Invalidate(key); ok {
+		local, ok := strings.CutPrefix(key, n.prefix)
+		if !ok {
+			return // another program's key (a cache without a prefix tracks all)
+		}
+		if _, ok := n.store.Invalidate(local); ok {
 			c.cfg.emit(EventNearInvalidation, key, 0, nil)
 		}
 	})
 	return n
 }
 
-// get returns key's value from memory, if it is there, fresh, and the
-// tracker is sure of its invalidations.
+// get returns the value of the caller's key (without the prefix) from
+// memory, if it is there, fresh, and the tracker is sure of its
+// invalidations.
 func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 	if !n.track.ready.Load() || c.brk.open() {
 		return v, false
@@ -152,14 +165,17 @@ func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 	if !ok || nanotime() >= e.until {
 		return v, false
 	}
-	if n.shared {
-		return e.v, true
+	switch {
+	case n.shared:
+		return *e.v, true
+	case n.clones:
+		return any(e.v).(cloner[V]).Clone(), true
 	}
 	v, err := c.decodeCopy(e.data)
 	return v, err == nil // a copy that does not decode: read through Redis, which reports it
 }
 
-// keep stores a fresh result read under tk, unless an invalidation of its
+// keep stores a fresh result for key (prefix included) read under tk, unless an invalidation of its
 // key (or of everything) came since tk was taken. It stores first and checks
 // after, removing its own entry if the check fails: an invalidation that
 // lands between a check and a store could otherwise leave an old value.
@@ -176,15 +192,17 @@ func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
 		return
 	}
 	e := &nearEntry[V]{data: r.data, until: nanotime() + int64(left)}
-	if n.shared {
-		var err error
-		if e.v, err = c.decodeCopy(r.data); err != nil {
+	if n.shared || n.clones {
+		v, err := c.decodeCopy(r.data)
+		if err != nil {
 			return
 		}
+		e.v = &v
 	}
-	n.store.Set(key, e)
+	local := strings.Clone(key[len(n.prefix):]) // not a slice that keeps the prefixed key alive
+	n.store.Set(local, e)
 	if !n.track.valid(tk) {
-		n.store.ComputeIfPresent(key, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
+		n.store.ComputeIfPresent(local, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
 			if old == e {
 				return nil, otter.InvalidateOp
 			}
@@ -228,7 +246,8 @@ func (c *Cache[V]) nearDrop(keys ...string) {
 	}
 }
 
-// nearGet is GetOrLoad's first step with a near cache.
+// nearGet is GetOrLoad's first step with a near cache; key is the caller's,
+// not yet checked nor prefixed (an invalid key is never in memory).
 func (c *Cache[V]) nearGet(key string) (V, bool) {
 	if c.near == nil {
 		var zero V
