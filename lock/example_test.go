@@ -1,8 +1,9 @@
 // example_test.go shows the standalone lock on the jobs it is for: one
 // worker per customer, one instance per cron run, a repeated submission
-// refused, an oversell prevented, a stalled holder's write fenced off, and
-// Redlock. They run against the test
-// Redis, whose address TestMain puts in REDIS_ADDR.
+// refused, an oversell prevented, a stalled holder's write fenced off,
+// Redlock; then the lease by hand (Refresh, Release) and the retry
+// strategies (an acquire timeout). They run in CI, their Output checked,
+// against the test Redis, whose address TestMain puts in REDIS_ADDR.
 
 package lock_test
 
@@ -10,7 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -250,4 +254,173 @@ func ExampleObtainQuorum() {
 	defer l.Release(ctx)
 	fmt.Println("held on a majority; valid for most of 30s:", l.Validity() > 25*time.Second)
 	// Output: held on a majority; valid for most of 30s: true
+}
+
+// A job that works in steps renews its lease between them with Refresh
+// (Hold does it for you on a timer). Refresh reports ErrNotHeld once the
+// lease ran out and someone else could have taken the lock: stop then.
+func ExampleLock_Refresh() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	key := uniqueKey("example:refresh:import")
+	defer rdb.Del(ctx, key)
+
+	l, err := lock.Obtain(ctx, rdb, key, 10*time.Second)
+	if err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	for step := 1; step <= 3; step++ {
+		// ... import one file ...
+		if err := l.Refresh(ctx, 10*time.Second); err != nil {
+			fmt.Println("stop:", err)
+			return
+		}
+		fmt.Println("step", step, "done; lease renewed")
+	}
+	_ = l.Release(ctx)
+
+	// A holder that stalled past its lease finds out on its next Refresh.
+	l, err = lock.Obtain(ctx, rdb, key, 50*time.Millisecond)
+	if err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	time.Sleep(100 * time.Millisecond) // a GC pause, a slow step: the lease runs out
+	err = l.Refresh(ctx, 10*time.Second)
+	fmt.Println("after a stall:", err, errors.Is(err, lock.ErrNotHeld))
+	// Output:
+	// step 1 done; lease renewed
+	// step 2 done; lease renewed
+	// step 3 done; lease renewed
+	// after a stall: lock: not held true
+}
+
+// Release lets the next instance start at once instead of waiting for the
+// lease to run out. It deletes the key only while it holds this holder's
+// token: a late Release never frees a lock that someone else took since.
+func ExampleLock_Release() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	key := uniqueKey("example:release:export")
+	defer rdb.Del(ctx, key)
+
+	a, _ := lock.Obtain(ctx, rdb, key, time.Minute)
+	fmt.Println("A releases:", a.Release(ctx))
+	b, err := lock.Obtain(ctx, rdb, key, time.Minute)
+	fmt.Println("B obtains at once:", err)
+
+	err = a.Release(ctx) // A again, late: B holds the lock now
+	fmt.Println("A's late release:", err)
+	_, err = b.TTL(ctx)
+	fmt.Println("B still holds it:", err == nil)
+	fmt.Println("B releases:", b.Release(ctx))
+	// Output:
+	// A releases: <nil>
+	// B obtains at once: <nil>
+	// A's late release: lock: not held
+	// B still holds it: true
+	// B releases: <nil>
+}
+
+// To wait for a lock instead of skipping the work, retry: LinearBackoff
+// tries again at a fixed interval. It has no limit of its own; the
+// context's deadline is the acquire timeout.
+func ExampleLinearBackoff() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	key := uniqueKey("example:linear:report")
+	defer rdb.Del(ctx, key)
+
+	holder, _ := lock.Obtain(ctx, rdb, key, time.Minute)
+	released := make(chan struct{})
+	go func() { // the holder finishes in 50ms
+		defer close(released)
+		time.Sleep(50 * time.Millisecond)
+		_ = holder.Release(ctx)
+	}()
+
+	waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second) // wait at most 5s
+	defer cancel()
+	l, err := lock.Obtain(waitCtx, rdb, key, time.Minute, lock.WithRetry(lock.LinearBackoff(10*time.Millisecond)))
+	fmt.Println("obtained after the holder released:", err)
+	_ = l.Release(ctx)
+	<-released
+
+	// A holder that keeps the lock past the timeout: the error says both.
+	holder, _ = lock.Obtain(ctx, rdb, key, time.Minute)
+	defer holder.Release(ctx)
+	waitCtx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = lock.Obtain(waitCtx, rdb, key, time.Minute, lock.WithRetry(lock.LinearBackoff(10*time.Millisecond)))
+	fmt.Println("not obtained:", errors.Is(err, lock.ErrNotObtained), errors.Is(err, context.DeadlineExceeded))
+	// Output:
+	// obtained after the holder released: <nil>
+	// not obtained: true true
+}
+
+// ExponentialBackoff doubles the wait (with jitter, so that instances that
+// failed together do not retry together); LimitRetry bounds the number of
+// retries. Each call counts its own retries: one strategy can be shared by
+// every goroutine.
+func ExampleExponentialBackoff() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	key := uniqueKey("example:exponential:invoice")
+	defer rdb.Del(ctx, key)
+
+	// Waits of 1-2ms, 2-4ms, 4-8ms, 8-16ms, 8-16ms: 5 retries, 6 attempts.
+	retry := lock.LimitRetry(lock.ExponentialBackoff(2*time.Millisecond, 16*time.Millisecond), 5)
+	var waits []string
+	for d := range retry.Backoffs() {
+		waits = append(waits, fmt.Sprint(d >= time.Millisecond && d <= 16*time.Millisecond))
+	}
+	fmt.Println("waits within bounds:", waits)
+
+	holder, _ := lock.Obtain(ctx, rdb, key, time.Minute) // held throughout
+	defer holder.Release(ctx)
+	_, err := lock.Obtain(ctx, rdb, key, time.Minute, lock.WithRetry(retry))
+	fmt.Println("gave up:", errors.Is(err, lock.ErrNotObtained))
+	// Output:
+	// waits within bounds: [true true true true true]
+	// gave up: true
+}
+
+// RetryFunc makes any schedule a strategy: here three waits fitted to a job
+// known to hold the lock for about 50ms, then give up.
+func ExampleRetryFunc() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	key := uniqueKey("example:retryfunc:nightly")
+	defer rdb.Del(ctx, key)
+
+	schedule := []time.Duration{20 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond}
+	retry := lock.RetryFunc(func(n int) (time.Duration, bool) { // n: 1 before the first retry
+		if n > len(schedule) {
+			return 0, false
+		}
+		return schedule[n-1], true
+	})
+	fmt.Println("schedule:", slices.Collect(retry.Backoffs()))
+
+	// The holder's 50ms lease runs out during the waits.
+	_, _ = lock.Obtain(ctx, rdb, key, 50*time.Millisecond)
+	l, err := lock.Obtain(ctx, rdb, key, time.Minute, lock.WithRetry(retry))
+	fmt.Println("obtained:", err)
+	_ = l.Release(ctx)
+	// Output:
+	// schedule: [20ms 50ms 200ms]
+	// obtained: <nil>
+}
+
+// uniqueKey is name followed by a random suffix: each run of an example
+// locks a key of its own, so that runs sharing a Redis never meet. The
+// fencing counters it leaves are deleted by TestMain.
+func uniqueKey(name string) string {
+	return name + ":" + strconv.FormatUint(rand.Uint64(), 36)
 }
