@@ -1,6 +1,5 @@
-// lock.go is the standalone Redis lock for jobs other than loading a value
-// (one instance per cron run, one worker per customer, a repeated submission
-// refused), and the token and owner check that the load lock shares with it.
+// lock.go is the Lock and its lease on one Redis: Obtain, Release, Refresh,
+// TTL and Validity (see doc.go for the jobs it is for).
 
 package lock
 

@@ -1,4 +1,4 @@
-// lock_options.go holds the options of the standalone lock ([Obtain],
+// options.go holds the options of the standalone lock ([Obtain],
 // [ObtainQuorum], [Do]), their defaults and their validation.
 
 package lock

@@ -1,4 +1,4 @@
-// lock_retry.go is the standalone lock's retry strategy: how long Obtain and
+// retry.go is the standalone lock's retry strategy: how long Obtain and
 // ObtainQuorum wait before each further attempt, and when they give up.
 
 package lock
