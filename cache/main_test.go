@@ -8,8 +8,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/stampede-go/stampede/internal/leaktest"
 	"github.com/stampede-go/stampede/internal/redistest"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	redistest.Stop()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := leaktest.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}
