@@ -1,7 +1,7 @@
 // health.go is what the caches on one client know of their Redis: where it
 // is, whether it is down (the first failure of an outage is logged, once,
-// and so is its end) and whether it is out of memory; and Ping, the
-// readiness check that says what is wrong.
+// and so is its end) and whether it is out of memory (logged once per
+// episode); and Ping, the readiness check that says what is wrong.
 
 package cache
 
@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -20,8 +21,10 @@ import (
 // health is one client's state, shared by its caches and breakers. Safe
 // for concurrent use.
 type health struct {
-	addr string      // where the client points, for messages
-	down atomic.Bool // an outage is in progress: its first failure was logged
+	addr    string        // where the client points, for messages
+	down    atomic.Bool   // an outage is in progress: its first failure was logged
+	fullAt  atomic.Int64  // nanotime of the last OOM reply; 0: none yet
+	episode atomic.Uint64 // episodes of memory pressure begun (see full)
 
 	mu      sync.Mutex
 	loggers map[*slog.Logger]int // protected by mu; by Caches using each; nil: slog.Default()
@@ -80,6 +83,9 @@ func (h *health) log(level slog.Level, msg string, args ...any) {
 // reply begins an outage and is logged; the first reply after it ends the
 // outage and is logged too. One atomic load on the way of every call.
 func (h *health) observe(class errClass, err error) {
+	if class == errFull {
+		h.full(err)
+	}
 	if class == errOutage {
 		if !h.down.Load() && h.down.CompareAndSwap(false, true) {
 			h.log(slog.LevelError, "cache: redis unreachable; calls go on without it (FailOpen loads uncached, FailClosed fails) until it answers",
@@ -89,6 +95,24 @@ func (h *health) observe(class errClass, err error) {
 	}
 	if h.down.Load() && h.down.CompareAndSwap(true, false) {
 		h.log(slog.LevelInfo, "cache: redis answers again", "redis", h.addr)
+	}
+}
+
+// fullQuiet is how long without an OOM reply ends an episode of memory
+// pressure: the next OOM begins a new one, reported again.
+var fullQuiet = time.Minute
+
+// full notes an OOM reply: Redis is up and serves reads but refuses writes
+// (maxmemory reached, nothing left to evict). Not an outage: the breaker
+// stays closed and hits go on; misses load and return their values
+// uncached. The first OOM of an episode is logged; each Cache's error hook
+// is told once per episode (see Cache.report).
+func (h *health) full(err error) {
+	now := nanotime()
+	if last := h.fullAt.Swap(now); last == 0 || now-last > int64(fullQuiet) {
+		h.episode.Add(1)
+		h.log(slog.LevelError, "cache: redis is out of memory (maxmemory): values are not being stored; reads go on, loaded values are returned uncached",
+			"redis", h.addr, "err", err)
 	}
 }
 

@@ -149,3 +149,22 @@ func TestPingNamesTheAddress(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "node "+dead+": dial tcp "+dead, "the failing node is named")
 }
+
+// TestLostLockIsNotAnOutage: a release that finds its lock gone got a reply
+// from Redis; counted as an outage it opened the breaker and logged Redis as
+// unreachable (what made memory pressure, which evicts locks, look like an
+// outage).
+func TestLostLockIsNotAnOutage(t *testing.T) {
+	rdb, p := setup(t)
+	logs := &logCapture{}
+	c := New[product](rdb, WithCircuitBreaker(1, time.Minute), WithLogger(slog.New(logs)))
+	defer c.Close()
+	key := p + "k"
+	_, err := c.GetOrLoad(t.Context(), key, func(ctx context.Context) (product, error) {
+		require.NoError(t, rdb.Del(ctx, LockKey(key)).Err()) // evicted, or voided by a Delete
+		return product{}, assert.AnError
+	})
+	require.ErrorIs(t, err, assert.AnError)
+	assert.False(t, c.brk.open(), "a lost lock opened the breaker")
+	assert.Zero(t, logs.count(), "a lost lock was logged as an outage: %q", logs.lines(slog.LevelError))
+}

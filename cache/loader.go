@@ -331,6 +331,9 @@ func (c *Cache[V]) key(k string) (string, error) {
 // redisCall records a Redis call's outcome with the breaker and the
 // observer, and classifies its error.
 func (c *Cache[V]) redisCall(key string, err error) errClass {
+	if errors.Is(err, ErrLoadLockLost) { // a reply (the lock was not ours), not an outage
+		err = nil
+	}
 	class := c.classify(err)
 	switch c.brk.record(class, err) {
 	case +1:
@@ -401,6 +404,8 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			continue
 		case errFatal:
 			return nil, fmt.Errorf("cache: redis: %w", err)
+		case errFull: // OOM refused the lock's SET, which is the script's first write: nothing to release
+			return c.redisFailed(ctx, key, err, load)
 		default:
 			// The lock is ours if only the reply was lost. Release it in the
 			// background: on a stalled Redis a second round trip would double
@@ -627,7 +632,17 @@ func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock, locked
 	}
 }
 
+// report hands an absorbed error to the error hook. Redis refusing writes
+// for want of memory is told once per episode (see health.full), named as
+// such: it is a sizing problem for the operator, not one per key.
 func (c *Cache[V]) report(key string, err error) {
+	if c.classify(err) == errFull {
+		ep := c.share.res.health.episode.Load()
+		if c.share.fullSeen.Swap(ep) == ep {
+			return
+		}
+		err = fmt.Errorf("cache: redis is out of memory (maxmemory): values are not being stored: %w", err)
+	}
 	if c.cfg.onError != nil {
 		c.cfg.onError(key, err)
 	}
@@ -659,7 +674,9 @@ func (c *Cache[V]) watchdog(ctx context.Context, key string, lk *loadLock) (stop
 	return func() { close(done); wg.Wait() }
 }
 
-// redisFailed applies the failure policy to a Redis outage.
+// redisFailed applies the failure policy to a Redis outage, or to Redis
+// refusing the lock for want of memory (OOM), which FailOpen meets as it
+// meets an outage: one load per key per process at a time, uncached.
 func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error)) (*result[V], error) {
 	if !errors.Is(err, ErrCircuitOpen) {
 		err = fmt.Errorf("cache: redis: %w", err)

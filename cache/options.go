@@ -33,7 +33,8 @@ type FailurePolicy int
 
 const (
 	// FailOpen calls the loader without the cross-process lock and returns its
-	// value uncached. In-process callers of one key are still merged, so the
+	// value uncached; so it does when Redis, out of memory, refuses the lock
+	// (while still serving hits: the breaker stays closed). In-process callers of one key are still merged, so the
 	// database sees at most one load per key per process at a time. This is
 	// the default: a cache outage slows the service down instead of taking it
 	// down.
