@@ -126,6 +126,9 @@ type result[V any] struct {
 // returning go to [WithErrorHook].
 func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error)) (V, error) {
 	var zero V
+	if v, ok := c.nearGet(key); ok && load != nil {
+		return v, nil
+	}
 	key, err := c.key(key)
 	if err != nil {
 		return zero, err
