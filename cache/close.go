@@ -4,7 +4,7 @@ package cache
 
 // Close gives back the Cache's hold on what the caches on its Redis client
 // share (see [New]): the last Cache on a client to close ends the client's
-// subscriptions (see notified waiters in the package doc). Close then waits
+// subscriptions (see docs/PROTOCOL.md, notified waiters). Close then waits
 // for the Cache's background refreshes to end; they are bounded by the load
 // timeout. Calls made after Close still work, without background refreshes,
 // and woken by notification only while another Cache on the client is
