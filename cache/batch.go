@@ -32,9 +32,11 @@ import (
 // are waited for concurrently, each as GetOrLoad waits, and loaded by a
 // single-key call of loadMany if that holder fails. While this call loads a
 // key, concurrent GetOrLoad callers of the key in this process share its
-// result instead of loading it again. A value due for early refresh or
-// served stale is refreshed in the background by a single-key call of
-// loadMany. Duplicate keys are read and returned once.
+// result instead of loading it again. Values due for early refresh or
+// served stale are refreshed in the background together, by one more call
+// of loadMany for those whose refresh this process starts and whose lock no
+// other process holds (see [WithStale], [WithSoftLoadTimeout] and
+// [WithEarlyRefresh]). Duplicate keys are read and returned once.
 //
 // The work runs on ctx's values without its cancellation, bounded by
 // [WithLoadTimeout]; when ctx ends first, GetOrLoadMany returns nil and
@@ -95,6 +97,8 @@ type batch[V any] struct {
 	name     map[string]string // full key to the caller's key
 
 	held []*heldKey // the locks this call took and has not given up yet
+	due  []due[V]   // values read that call for a refresh, not started yet
+	late []string   // keys the read-or-lock found, answered by takeLate
 
 	mu    sync.Mutex       // protects vals, errs and stale
 	vals  map[string]V     // by the caller's key
@@ -169,8 +173,84 @@ func (b *batch[V]) put(name string, v V, stale bool) {
 	b.stale = b.stale || stale
 }
 
-// single is loadMany for one key, for refreshes and for waits on other
-// holders that end up loading.
+// hit answers key's read r (nil: unreadable) as [Cache.found] does, but
+// for the refreshes, which it leaves in b.due for b.refresh to start
+// together. nil means a miss.
+func (b *batch[V]) hit(key string, r *result[V]) *result[V] {
+	c := b.c
+	if r == nil || r.err != nil {
+		return r
+	}
+	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) {
+	case ageFresh:
+	case ageRefresh:
+		b.due = append(b.due, due[V]{key: key, name: b.name[key], old: r})
+	case ageStale:
+		r.stale = true
+		if r.throttled && r.at.Before(r.fresh.expiry) { // its refresh failed: retried once the throttle ends
+			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
+		} else {
+			b.due = append(b.due, due[V]{key: key, name: b.name[key], old: r}) // EventStaleServed once it is known how
+		}
+		return r
+	default:
+		return nil
+	}
+	c.cfg.emit(EventHit, key, 0, nil)
+	return r
+}
+
+// refresh starts the refreshes of b.due in one background call of
+// loadMany and, as [Cache.serveStale] does for one key, waits up to the
+// soft load timeout for it when a stale value is among them: once for the
+// batch, not once per key. It returns the fresh results that replace stale
+// values, by key, and reports the stale values served.
+func (b *batch[V]) refresh(ctx context.Context) map[string]*result[V] {
+	c, ds := b.c, b.due
+	b.due = nil
+	if len(ds) == 0 {
+		return nil
+	}
+	started, done := c.refreshMany(ctx, ds, b.loadMany)
+	soft := c.cfg.softTimeout
+	wait := false
+	for _, d := range ds {
+		wait = wait || d.old.stale && started[d.key] && soft > 0
+	}
+	var got map[string]*result[V]
+	timedOut := false
+	if wait {
+		t := time.NewTimer(soft)
+		defer t.Stop()
+		select {
+		case got = <-done:
+		case <-t.C:
+			timedOut = true
+		}
+	}
+	fresh := map[string]*result[V]{}
+	for _, d := range ds {
+		if !d.old.stale {
+			continue
+		}
+		var why error
+		switch r := got[d.key]; {
+		case !started[d.key] || soft <= 0:
+		case timedOut:
+			why = fmt.Errorf("cache: refresh of %q still running after the soft load timeout (%v): %w", d.key, soft, context.DeadlineExceeded)
+		case r != nil && !r.stale:
+			fresh[d.key] = r
+			continue
+		default:
+			why = ErrRefreshFailed
+		}
+		c.cfg.emit(EventStaleServed, d.key, 0, why)
+	}
+	return fresh
+}
+
+// single is loadMany for one key, for waits on other holders that end up
+// loading.
 func (b *batch[V]) single(key string) func(context.Context) (V, error) {
 	name := b.name[key]
 	return func(ctx context.Context) (V, error) {
@@ -243,6 +323,7 @@ func (b *batch[V]) run() {
 		})
 	}
 	b.load(ctx, uncached)
+	b.takeLate(ctx)
 }
 
 // guard, deferred by a goroutine of the batch working on key, turns a
@@ -272,36 +353,22 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 		errs[i] = cmd.Err()
 	}
 	classes := c.round(b.keys, errs)
-	// A stale value may wait up to the soft load timeout for its refresh:
-	// then the hits are answered concurrently, so that the batch waits that
-	// long once, not once per stale key.
 	hits := make([]*result[V], len(b.keys))
-	var wg sync.WaitGroup
 	for i, k := range b.keys {
-		if errs[i] != nil {
-			continue
-		}
-		hit := func() {
-			defer func() { // perhaps on a goroutine of its own: a panic is the key's error
-				if p := recover(); p != nil {
-					hits[i] = &result[V]{err: &PanicError{in: "batch", Value: p, stack: debug.Stack()}}
-				}
-			}()
+		if errs[i] == nil {
 			raw, _ := cmds[i].Bytes()
-			hits[i] = c.found(ctx, k, b.single(k), c.decode(raw, at))
-		}
-		if c.cfg.softTimeout > 0 && c.cfg.stale > 0 {
-			wg.Go(hit)
-		} else {
-			hit()
+			hits[i] = b.hit(k, c.decode(raw, at))
 		}
 	}
-	wg.Wait()
+	fresh := b.refresh(ctx)
 	for i, class := range classes {
 		k, err := b.keys[i], errs[i]
 		switch {
 		case err == nil:
 			if hits[i] != nil {
+				if r := fresh[k]; r != nil {
+					hits[i] = r
+				}
 				b.take(k, hits[i])
 				continue
 			}
@@ -368,10 +435,13 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 			b.fail(k, fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v (%v)", k, res, err))
 		case res[0] == int64(1):
 			s, _ := res[1].(string)
-			if r := c.found(ctx, k, b.single(k), c.decode([]byte(s), at)); r != nil {
-				b.take(k, r)
-			} else {
+			queued := len(b.due)
+			if r := b.hit(k, c.decode([]byte(s), at)); r == nil {
 				others = append(others, k) // unreadable, or expired already: GetOrLoad's loop deals with it
+			} else if len(b.due) > queued {
+				b.late = append(b.late, k) // answered by takeLate, with its refresh
+			} else {
+				b.take(k, r)
 			}
 		case res[1] == int64(1):
 			h := &heldKey{key: k, lk: lks[i], locked: at, done: make(chan struct{})}
@@ -394,6 +464,26 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 		go c.releaseMany(ctx, orphans)
 	}
 	return others, lost
+}
+
+// takeLate answers the values the read-or-lock found that call for a
+// refresh (rarely: they were written since the read), after the batch's
+// loads are committed, so that a wait for their refresh (the soft load
+// timeout) does not hold the batch's locks: one more refresh call for them.
+func (b *batch[V]) takeLate(ctx context.Context) {
+	olds := make(map[string]*result[V], len(b.due))
+	for _, d := range b.due {
+		olds[d.key] = d.old
+	}
+	fresh := b.refresh(ctx)
+	for _, k := range b.late {
+		r := olds[k]
+		if f := fresh[k]; f != nil {
+			r = f
+		}
+		b.take(k, r)
+	}
+	b.late = nil
 }
 
 // outage applies the failure policy to key, which Redis could not serve

@@ -575,7 +575,8 @@ func TestGetOrLoadManyWaitsForStaleRefreshesOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, got, 10, "the stale values")
 	require.NoError(t, c.Close())
-	assert.Len(t, slowRefresh.callKeys(), 10, "one refresh per stale key")
+	require.Len(t, slowRefresh.callKeys(), 1, "one refresh call for the batch's stale keys")
+	assert.ElementsMatch(t, keys, slowRefresh.callKeys()[0])
 	// Waiting for the refreshes one key after another would take 10 soft
 	// timeouts; a loose bound well under that.
 	assert.Less(t, elapsed, 5*soft, "stale keys must wait for their refreshes together")
@@ -786,5 +787,219 @@ func TestGetOrLoadManyDoNotCacheIsSharedWithMergedCallers(t *testing.T) {
 	require.NoError(t, <-batch)
 	if got := loads.Load(); got != 0 {
 		t.Fatalf("20 callers merged with a batch's DoNotCache load loaded %d more times; want 0", got)
+	}
+}
+
+// sizes returns the number of keys of each of src's calls, in order.
+func (s *source) sizes() []int {
+	var n []int
+	for _, c := range s.callKeys() {
+		n = append(n, len(c))
+	}
+	return n
+}
+
+// refreshEvents records the errors of EventRefresh and counts the events.
+type refreshEvents struct {
+	eventCounts
+	mu   sync.Mutex // protects errs
+	errs []error
+}
+
+func (e *refreshEvents) observe(ev Event) {
+	e.eventCounts.observe(ev)
+	if ev.Kind == EventRefresh && ev.Err != nil {
+		e.mu.Lock()
+		e.errs = append(e.errs, ev.Err)
+		e.mu.Unlock()
+	}
+}
+
+// TestGetOrLoadManyRefreshesAStalePageInOneCall: a 20-key page past its TTL
+// is served stale and refreshed by one loadMany call of 20 keys, not 20
+// calls of one (issue 19.3); with a soft load timeout the batch waits for
+// that one call and serves its fresh values.
+func TestGetOrLoadManyRefreshesAStalePageInOneCall(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		soft      time.Duration
+		wantStale bool
+	}{
+		{"stale served, refreshed in the background", 0, true},
+		{"soft load timeout: the refreshed values", 5 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb, p := setup(t)
+			var ev eventCounts
+			c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+				WithStale(time.Minute), WithSoftLoadTimeout(tc.soft), WithObserver(ev.observe))
+			keys := names(p, 20)
+			src := &source{}
+			_, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+			require.NoError(t, err)
+			time.Sleep(100 * time.Millisecond) // past the TTL
+
+			var info ResultInfo
+			got, err := c.GetOrLoadMany(WithResultInfo(t.Context(), &info), keys, src.loadMany)
+			require.NoError(t, err)
+			assert.Len(t, got, 20)
+			assert.Equal(t, tc.wantStale, info.Stale)
+			require.NoError(t, c.Close()) // waits for the refresh
+			assert.Equal(t, []int{20, 20}, src.sizes(), "loadMany call sizes: the load, then one refresh of the page")
+			assert.ElementsMatch(t, keys, src.callKeys()[1])
+			assert.Equal(t, int64(20), ev[EventRefresh].Load())
+			wantServed := int64(20)
+			if !tc.wantStale {
+				wantServed = 0
+			}
+			assert.Equal(t, wantServed, ev[EventStaleServed].Load())
+			for _, k := range keys {
+				assert.Zero(t, rdb.Exists(t.Context(), LockKey(k)).Val(), "%q: refresh lock left", k)
+			}
+
+			info = ResultInfo{}
+			c2 := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute))
+			got, err = c2.GetOrLoadMany(WithResultInfo(t.Context(), &info), keys, src.loadMany)
+			require.NoError(t, err)
+			assert.Len(t, got, 20)
+			assert.False(t, info.Stale, "the refresh stored fresh values")
+			require.NoError(t, c2.Close())
+		})
+	}
+}
+
+// TestGetOrLoadManyEarlyRefreshIsOneCall: a page due for early refresh
+// (on by default) is refreshed by one loadMany call.
+func TestGetOrLoadManyEarlyRefreshIsOneCall(t *testing.T) {
+	rdb, p := setup(t)
+	var ev eventCounts
+	c := New[product](rdb, WithTTL(500*time.Millisecond), WithoutJitter(), WithObserver(ev.observe))
+	keys := names(p, 20)
+	src := &source{delay: 300 * time.Millisecond}
+	_, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	// Due: within one load duration (300 ms) of the expiry, whatever the draw.
+	time.Sleep(300 * time.Millisecond)
+
+	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	assert.Len(t, got, 20)
+	require.NoError(t, c.Close())
+	assert.Equal(t, []int{20, 20}, src.sizes(), "loadMany call sizes: the load, then one early refresh of the page")
+	assert.Equal(t, int64(20), ev[EventRefresh].Load())
+	assert.Equal(t, int64(20), ev[EventMiss].Load(), "only the cold reads missed")
+	assert.Greater(t, rdb.PTTL(t.Context(), keys[0]).Val(), 300*time.Millisecond, "the refresh stored the value for a new TTL")
+}
+
+// TestGetOrLoadManyRefreshLeavesKeysLockedElsewhere: another process (a
+// Cache on its own client) is refreshing 5 keys of a stale page; the batch
+// serves them as they are and refreshes the other 15 in one call.
+func TestGetOrLoadManyRefreshLeavesKeysLockedElsewhere(t *testing.T) {
+	rdb, p := setup(t)
+	opts := []Option{WithTTL(50 * time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute)}
+	var ev eventCounts
+	c := New[product](rdb, append(opts, WithObserver(ev.observe))...)
+	other := New[product](redistest.Client(t, redistest.Addr(t)), opts...)
+	keys := names(p, 20)
+	src := &source{}
+	_, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // past the TTL
+
+	release := make(chan struct{})
+	var entered atomic.Int64
+	slow := func(ctx context.Context) (product, error) {
+		entered.Add(1)
+		<-release
+		return product{ID: "other"}, nil
+	}
+	for _, k := range keys[:5] {
+		_, err := other.GetOrLoad(t.Context(), k, slow) // stale: served, its refresh holds the lock
+		require.NoError(t, err)
+	}
+	waitFor(t, func() bool { return entered.Load() == 5 })
+
+	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	assert.Len(t, got, 20, "the keys locked elsewhere are served as they are")
+	require.NoError(t, c.Close())
+	close(release)
+	require.NoError(t, other.Close())
+	assert.Equal(t, []int{20, 15}, src.sizes(), "loadMany call sizes: the load, then one refresh of the keys not locked elsewhere")
+	assert.ElementsMatch(t, keys[5:], src.callKeys()[1])
+	assert.Equal(t, int64(15), ev[EventRefresh].Load())
+	assert.Equal(t, int64(20), ev[EventStaleServed].Load())
+}
+
+// TestGetOrLoadManyRefreshIsSharedWithGetOrLoad: a GetOrLoad of a key
+// while the batch's refresh of it runs serves the value without a load of
+// its own.
+func TestGetOrLoadManyRefreshIsSharedWithGetOrLoad(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute))
+	keys := names(p, 20)
+	_, err := c.GetOrLoadMany(t.Context(), keys, (&source{}).loadMany)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // past the TTL
+
+	src := &source{entered: make(chan struct{}), release: make(chan struct{})}
+	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	assert.Len(t, got, 20)
+	<-src.entered
+	single := &counter{}
+	v, err := c.GetOrLoad(t.Context(), keys[3], single.load)
+	require.NoError(t, err)
+	assert.Equal(t, keys[3], v.ID, "the stale value, while the batch refreshes it")
+	close(src.release)
+	require.NoError(t, c.Close())
+	assert.Zero(t, single.calls.Load(), "GetOrLoad loaded a key the batch was refreshing")
+	assert.Equal(t, []int{20}, src.sizes(), "loadMany call sizes of the refresh")
+}
+
+// TestGetOrLoadManyRefreshPanic: a loadMany that panics in the batch's
+// refresh crashes nothing: the stale values are served, every key's
+// EventRefresh carries the *PanicError, and the old values are kept for the
+// throttle (stale-if-error), no lock left behind.
+func TestGetOrLoadManyRefreshPanic(t *testing.T) {
+	rdb, p := setup(t)
+	var ev refreshEvents
+	var hooked atomic.Int64
+	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+		WithStale(time.Minute), WithObserver(ev.observe), WithErrorHook(func(string, error) { hooked.Add(1) }))
+	keys := names(p, 20)
+	src := &source{}
+	_, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // past the TTL
+
+	var mu sync.Mutex // protects calls
+	var calls [][]string
+	panics := func(ctx context.Context, ks []string) (map[string]product, error) {
+		mu.Lock()
+		calls = append(calls, slices.Clone(ks))
+		mu.Unlock()
+		panic("database driver broke")
+	}
+	got, err := c.GetOrLoadMany(t.Context(), keys, panics)
+	require.NoError(t, err, "the stale values are served")
+	assert.Len(t, got, 20)
+	require.NoError(t, c.Close())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, calls, 1, "one refresh call for the page")
+	assert.Len(t, calls[0], 20)
+	require.Len(t, ev.errs, 20, "an EventRefresh with the error per key")
+	for _, err := range ev.errs {
+		var pe *PanicError
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, "database driver broke", pe.Value)
+	}
+	assert.Equal(t, int64(20), hooked.Load(), "each failed refresh goes to the error hook")
+	for _, k := range keys {
+		assert.Zero(t, rdb.Exists(t.Context(), LockKey(k)).Val(), "%q: refresh lock left", k)
+		raw, err := rdb.Get(t.Context(), k).Bytes()
+		require.NoError(t, err)
+		assert.NotZero(t, raw[1]&flagThrottled, "%q: the old value is kept for the throttle", k)
 	}
 }
