@@ -42,16 +42,25 @@ import (
 // [WithLoadTimeout]; when ctx ends first, GetOrLoadMany returns nil and
 // ctx.Err() at once, the loads going on and being stored for later callers.
 //
+// opts change this call only: a [TTL] applies to every value loadMany
+// returns (the other [CallOption]s do not apply to batches). A ctx already
+// ended returns ctx.Err() at once, without a Redis call or a load.
+//
 // The result holds every value found or loaded. The error, nil when every
-// key was answered, joins one error per failed key, each naming it, and
-// matched with errors.Is as GetOrLoad's: loadMany's own error (for each key
+// key was answered, joins one error per failed key on one line
+// ("; "-separated), each naming its key, each matched with errors.Is and
+// errors.As as GetOrLoad's: loadMany's own error (for each key
 // it was given; nothing is cached), [ErrLockNotAcquired], a Redis error
 // under [FailClosed] or [ErrCircuitOpen]. Under [FailOpen], keys Redis could
 // not serve are loaded by the same loadMany call and returned uncached.
 // Errors before any work, with a nil map: [ErrNilLoader], and
 // [ErrEmptyKey] or [ErrReservedKey] naming the key's index. With [WithResultInfo], Stale is set when
 // any value returned was stale. Safe for concurrent use.
-func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany func(ctx context.Context, keys []string) (map[string]V, error)) (map[string]V, error) {
+func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany func(ctx context.Context, keys []string) (map[string]V, error), opts ...CallOption) (map[string]V, error) {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return nil, err
+	}
+	ctx, _ = withCall(ctx, opts)
 	if loadMany == nil {
 		return nil, ErrNilLoader
 	}
@@ -59,7 +68,7 @@ func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany fu
 	for i, k := range keys {
 		full, err := c.key(k)
 		if err != nil {
-			return nil, fmt.Errorf("cache: GetOrLoadMany: keys[%d]: %w", i, err)
+			return nil, under(fmt.Sprintf("cache: GetOrLoadMany: keys[%d]", i), err)
 		}
 		if _, dup := b.name[full]; !dup {
 			b.name[full] = k
@@ -134,13 +143,14 @@ func (b *batch[V]) answer() (map[string]V, error) {
 	if b.stale {
 		markStale(b.ctx)
 	}
+	var names, full []string
 	var errs []error
 	for _, k := range b.keys {
 		if err := b.errs[k]; err != nil {
-			errs = append(errs, fmt.Errorf("cache: key %q: %w", b.name[k], err))
+			names, full, errs = append(names, b.name[k]), append(full, k), append(errs, err)
 		}
 	}
-	return b.vals, errors.Join(errs...)
+	return b.vals, joinKeys(names, full, errs)
 }
 
 func (b *batch[V]) fail(key string, err error) {
@@ -523,7 +533,7 @@ func (b *batch[V]) load(ctx context.Context, uncached []string) {
 		names = append(names, b.name[k])
 	}
 	stop := c.batchWatchdog(ctx, held)
-	opts := &loadOptions{}
+	opts := newLoadOptions(ctx)
 	began := time.Now()
 	m, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, opts), func(ctx context.Context) (map[string]V, error) {
 		return b.loadMany(ctx, names)

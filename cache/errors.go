@@ -9,13 +9,19 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"strconv"
+	"strings"
 )
 
 var (
-	// ErrNotFound is what a loader returns to say the value does not exist.
-	// It is cached for the not-found TTL (see [WithNotFoundTTL]) and returned
-	// to every caller as ErrNotFound until that record expires. Match it with
-	// errors.Is.
+	// ErrNotFound is what a loader returns to say the value does not exist
+	// (wrapped or not). It is cached for the not-found TTL (see
+	// [WithNotFoundTTL]), and every caller until that record expires, the
+	// one whose loader returned it included, gets the same error: ErrNotFound
+	// wrapped with the key, `cache: not found: "product:7"`. The loader's
+	// own wrapping is not kept: a cached not-found could not give it back,
+	// and an error that changed with the path it took would be a trap. Match
+	// it with errors.Is.
 	ErrNotFound = errors.New("cache: not found")
 
 	// ErrCacheMiss is returned by [Cache.Get] when Redis holds no value for
@@ -128,3 +134,69 @@ func callLoader[V any](ctx context.Context, load func(context.Context) (V, error
 		return zero, fmt.Errorf("cache: loader still running at the load timeout: %w", ctx.Err())
 	}
 }
+
+// notFound is the error of a not-found at key, whichever path found it.
+func notFound(key string) error { return fmt.Errorf("%w: %q", ErrNotFound, key) }
+
+// under puts err under msg on one line, saying the package's "cache: "
+// once: `cache: GetOrLoadMany: keys[1]: empty key`, not `...: cache: empty
+// key`. errors.Is and errors.As see err.
+func under(msg string, err error) error { return &underError{msg, err} }
+
+type underError struct {
+	msg string
+	err error
+}
+
+func (e *underError) Error() string {
+	return e.msg + ": " + strings.TrimPrefix(e.err.Error(), "cache: ")
+}
+
+func (e *underError) Unwrap() error { return e.err }
+
+// keyErrors is the error of a batch in which some keys failed: each key's
+// error as GetOrLoad would give it, named by its key, on one line,
+// "; "-separated. errors.Is and errors.As see each key's error.
+type keyErrors []error
+
+// joinKeys returns errs as one error (nil if none): errs[i] is the error
+// of the caller's key names[i], full[i] with the prefix. Each is named by
+// the caller's key, unless its message names the key already.
+func joinKeys(names, full []string, errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	out := make(keyErrors, len(errs))
+	for i, err := range errs {
+		msg, q := err.Error(), strconv.Quote(names[i])
+		if strings.Contains(msg, q) || strings.Contains(msg, strconv.Quote(full[i])) {
+			out[i] = err
+		} else {
+			out[i] = &keyError{q, err}
+		}
+	}
+	return out
+}
+
+func (e keyErrors) Error() string {
+	var b strings.Builder
+	for i, err := range e {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e keyErrors) Unwrap() []error { return e }
+
+// keyError names the key of an error that does not: `db down (key "7")`.
+type keyError struct {
+	quoted string // the key, quoted
+	err    error
+}
+
+func (e *keyError) Error() string { return e.err.Error() + " (key " + e.quoted + ")" }
+
+func (e *keyError) Unwrap() error { return e.err }

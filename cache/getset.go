@@ -25,11 +25,16 @@ var (
 // cached; [ErrEmptyKey], [ErrReservedKey]; [ErrCircuitOpen] while the
 // breaker is open; a Redis error wrapped as "cache: redis: ..."; a decoding
 // error. A value past its TTL that [WithStale] still serves is returned,
-// and marked in [WithResultInfo]; Get never refreshes it. Get is not merged
-// with other callers: each call is one GET.
-func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
+// and marked in [WithResultInfo], unless opts hold [NoStale]; Get never
+// refreshes it. Get is not merged with other callers: each call is one GET.
+// A ctx already ended returns ctx.Err() at once, without a Redis call.
+func (c *Cache[V]) Get(ctx context.Context, key string, opts ...CallOption) (V, error) {
 	var zero V
-	if v, ok := c.nearGet(key); ok {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return zero, err
+	}
+	o := parseCall(opts)
+	if v, ok := c.nearGet(key); ok { // the near cache keeps only values within their TTL
 		return v, nil
 	}
 	key, err := c.key(key)
@@ -54,11 +59,17 @@ func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 	if r == nil {
 		return zero, ErrCacheMiss
 	}
-	if r.notFound == nil {
+	if r.notFound != nil {
+		return zero, notFound(key)
+	}
+	if r.err == nil {
 		switch c.cfg.ageOf(r.fresh, r.throttled, at, nil) { // Get never refreshes
 		case ageExpired:
 			return zero, ErrCacheMiss
 		case ageStale:
+			if o.noStale {
+				return zero, ErrCacheMiss
+			}
 			markStale(ctx)
 		}
 		if c.near != nil {
@@ -68,15 +79,20 @@ func (c *Cache[V]) Get(ctx context.Context, key string) (V, error) {
 	return c.value(r)
 }
 
-// Set stores v at key for the TTL (with jitter), as GetOrLoad would after a
-// load: call it after writing the source, when the new value is at hand. It
+// Set stores v at key for the TTL (with jitter), or for the [TTL] in opts,
+// as GetOrLoad would after a load: call it after writing the source, when the new value is at hand. It
 // wins over a load in flight in any process: the load's lock is voided, so
 // the older value it loaded is never stored over v, and callers that begin
 // after Set returns get v (or newer). Waiters on the key are woken. Errors:
 // [ErrEmptyKey], [ErrReservedKey]; an encoding error (nothing is written);
 // a Redis error wrapped as "cache: redis: ...". Transient cluster errors
-// are retried within the retry budget.
-func (c *Cache[V]) Set(ctx context.Context, key string, v V) error {
+// are retried within the retry budget. A ctx already ended returns
+// ctx.Err() at once, writing nothing.
+func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption) error {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return err
+	}
+	o := parseCall(opts)
 	key, err := c.key(key)
 	if err != nil {
 		return err
@@ -87,7 +103,11 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V) error {
 	}
 	defer c.group.Forget(key) // later callers must not join a flight that began before the write
 	defer c.nearDrop(key)
-	record, px := c.record(data, 0, c.cfg.ttl)
+	ttl := c.cfg.ttl
+	if o.ttl > 0 {
+		ttl = o.ttl
+	}
+	record, px := c.record(data, 0, ttl)
 	for attempt := 1; ; attempt++ {
 		err := setScript.Run(ctx, c.rdb, []string{key, LockKey(key)}, record, px.Milliseconds(), c.notify.channel(key)).Err()
 		if c.redisCall(key, err) == errNone {

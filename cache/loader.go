@@ -112,9 +112,14 @@ type result[V any] struct {
 // a [Cache.Delete] which returned before the caller began has removed, in
 // any process: a flight older than the caller is asked again.
 //
+// opts change this call only (see [CallOption]): [TTL], [ForceRefresh],
+// [NoStale]. A ctx already ended when GetOrLoad is called returns ctx.Err()
+// at once, without a Redis call or a load.
+//
 // Every caller gets its own decoded copy of the value. Errors: [ErrEmptyKey],
-// [ErrReservedKey], [ErrNilLoader]; [ErrNotFound] when load (now or within
-// the not-found TTL) returned it; load's own error unchanged (a panic in load
+// [ErrReservedKey], [ErrNilLoader]; an error wrapping [ErrNotFound] and
+// naming the key when load (now or within the not-found TTL) returned it,
+// the same on every call (see [ErrNotFound]); load's own error unchanged (a panic in load
 // becomes a [*PanicError]); an error wrapping [ErrLockNotAcquired], naming
 // the key, when the retry budget ran out while another process was loading;
 // an error wrapping context.DeadlineExceeded when the load timeout ended the
@@ -124,10 +129,16 @@ type result[V any] struct {
 // unknown command); an encoding error when the codec cannot encode the
 // loaded value (nothing is cached). Errors the cache absorbs instead of
 // returning go to [WithErrorHook].
-func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error)) (V, error) {
+func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error), opts ...CallOption) (V, error) {
 	var zero V
-	if v, ok := c.nearGet(key); ok && load != nil {
-		return v, nil
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return zero, err
+	}
+	ctx, o := withCall(ctx, opts)
+	if !o.force && !o.noStale {
+		if v, ok := c.nearGet(key); ok && load != nil {
+			return v, nil
+		}
 	}
 	key, err := c.key(key)
 	if err != nil {
@@ -139,7 +150,13 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 	tk := c.nearTicket(key) // before start: every read this caller takes is sent after it
 	start := time.Now()
 	for {
-		v, err := c.merged(ctx, key, load)
+		var v any
+		var err error
+		if o.force {
+			v, err = c.forced(ctx, key, load)
+		} else {
+			v, err = c.merged(ctx, key, load)
+		}
 		if err != nil {
 			return zero, err
 		}
@@ -155,7 +172,28 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 		if c.near != nil {
 			c.near.keep(c, key, tk, res)
 		}
+		if res.notFound != nil && res.err == nil {
+			return zero, notFound(key)
+		}
 		return c.value(res)
+	}
+}
+
+// forced runs a flight of its own for a [ForceRefresh] caller, never
+// merged with one that began before it, and returns its outcome, or
+// ctx.Err() as soon as ctx ends (the flight goes on, bounded by the load
+// timeout, and ends the goroutine when it is done).
+func (c *Cache[V]) forced(ctx context.Context, key string, load func(context.Context) (V, error)) (any, error) {
+	done := make(chan outcome, 1)
+	go func() {
+		r, err := c.flight(ctx, key, load)
+		done <- outcome{r, err}
+	}()
+	select {
+	case o := <-done:
+		return o.v, o.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 
@@ -261,9 +299,13 @@ func (c *Cache[V]) unmarshal(data []byte, v *V) (err error) {
 // removed value or that load's. Keys may be in different cluster slots; on a
 // cluster, Delete sends single-key commands (each lock before its value), so
 // it also succeeds while a slot migrates. Transient cluster errors are
-// retried within the retry budget. Errors: [ErrEmptyKey], [ErrReservedKey],
+// retried within the retry budget. A ctx already ended returns ctx.Err()
+// at once, deleting nothing. Errors: [ErrEmptyKey], [ErrReservedKey],
 // or a Redis error wrapped as "cache: redis: ...".
 func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return err
+	}
 	full := make([]string, len(keys))
 	for i, k := range keys {
 		k, err := c.key(k)
@@ -357,9 +399,13 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, c.brk.err(), load)
 	}
 	b, err := c.reads.get(ctx, key)
-	var skip []byte // bytes at key we could not decode: a miss, to be replaced
+	var skip []byte // bytes at key we could not decode, or must reload: a miss, to be replaced
 	switch class := c.redisCall(key, err); {
 	case err == nil:
+		if callOf(ctx).force { // what is there now is to be replaced; a value committed after it is not
+			skip = b
+			break
+		}
 		if r := c.found(ctx, key, load, c.decode(b, at)); r != nil {
 			return r, nil
 		}
@@ -416,7 +462,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			// with the release, which is bounded like every commit and release.
 			go c.release(ctx, key, lk, at)
 			if transient != nil && ctx.Err() != nil { // the load timeout ended a transient wait: name both
-				return nil, fmt.Errorf("cache: redis: still failing when the load timeout ended: %w", errors.Join(transient, err))
+				return nil, fmt.Errorf("cache: redis: still failing when the load timeout ended: %w (before it: %w)", err, transient)
 			}
 			return c.redisFailed(ctx, key, err, load)
 		}
@@ -447,8 +493,8 @@ func (c *Cache[V]) waited(key string, start time.Time, err error) {
 // notAcquired is the error of a waiter whose budget ran out.
 func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("cache: waited for another process to load %q until the load timeout (%v): %w",
-			key, c.cfg.loadTimeout, errors.Join(ErrLockNotAcquired, err))
+		return fmt.Errorf("%w: waited for another process to load %q until the load timeout (%v): %w",
+			ErrLockNotAcquired, key, c.cfg.loadTimeout, err)
 	}
 	return fmt.Errorf("%w: %q was still being loaded by another process after %d retries %v apart",
 		ErrLockNotAcquired, key, c.cfg.retry.max, c.cfg.retry.backoff)
@@ -493,6 +539,9 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 	case ageRefresh:
 		c.refresh(ctx, key, load, r)
 	case ageStale: // a value kept after a failed refresh is retried once its throttle ends
+		if callOf(ctx).noStale {
+			return nil // a miss for this flight: reloaded under the lock
+		}
 		return c.serveStale(ctx, key, load, r, r.throttled && r.at.Before(r.fresh.expiry))
 	default:
 		return nil
@@ -508,7 +557,7 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked time.Time, load func(context.Context) (V, error), stale []byte) (*result[V], error) {
 	stop := c.watchdog(ctx, key, lk)
 	began := time.Now()
-	opts := &loadOptions{}
+	opts := newLoadOptions(ctx)
 	v, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, opts), load)
 	took := time.Since(began)
 	c.cfg.emit(EventLoad, key, took, err)
@@ -555,8 +604,8 @@ func (c *Cache[V]) outcome(key string, v V, err error) (*result[V], error) {
 	switch {
 	case errors.As(err, &pe): // even a panic with ErrNotFound is a failure
 		return nil, err
-	case errors.Is(err, ErrNotFound):
-		return &result[V]{notFound: err}, nil
+	case errors.Is(err, ErrNotFound): // the loader's wrapping is not kept: a cached read could not give it back
+		return &result[V]{notFound: ErrNotFound}, nil
 	case err != nil:
 		return nil, err
 	}
@@ -691,7 +740,7 @@ func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load 
 		c.report(key, err)
 	}
 	began := time.Now()
-	v, err := callLoader(ctx, load)
+	v, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, newLoadOptions(ctx)), load) // SetTTL works, though nothing is stored
 	c.cfg.emit(EventLoad, key, time.Since(began), err)
 	r, err := c.outcome(key, v, err)
 	if r != nil {

@@ -15,24 +15,40 @@ type loadOptions struct {
 	noCache bool
 }
 
+// loadOptionsKey is the context key of a loader's *loadOptions and of a
+// call's *callOptions (see withCall): one key, so that each hides the other.
 type loadOptionsKey struct{}
 
+// newLoadOptions starts a loader's options from the call options its
+// flight runs with (ctx): a [TTL] given to the call.
+func newLoadOptions(ctx context.Context) *loadOptions {
+	return &loadOptions{ttl: callOf(ctx).ttl}
+}
+
 // SetTTL, called by a loader with the context it was given, sets the TTL of
-// the value it is about to return, instead of the Cache's (see [WithTTL]);
-// jitter still applies. d must be at least 1ms; a smaller d, or a context
-// that is not a loader's, makes SetTTL do nothing.
-func SetTTL(ctx context.Context, d time.Duration) {
+// the value it is about to return, instead of the call's [TTL] or the
+// Cache's (see [WithTTL]); jitter still applies. It reports whether it did:
+// false when d is under 1ms or ctx is not a loader's context, the usual
+// slip being the caller's ctx captured by the loader's closure instead of
+// the one the loader receives. (It reports rather than panics: a loader
+// shared with code outside the cache should not crash there.)
+func SetTTL(ctx context.Context, d time.Duration) bool {
 	if o, _ := ctx.Value(loadOptionsKey{}).(*loadOptions); o != nil && d >= time.Millisecond {
 		o.ttl = d
+		return true
 	}
+	return false
 }
 
 // DoNotCache, called by a loader with the context it was given, keeps the
 // value it is about to return (or its [ErrNotFound]) out of Redis: the
-// callers merged with this load get it, later ones load again. Outside a
-// loader it does nothing.
-func DoNotCache(ctx context.Context) {
+// callers merged with this load get it, later ones load again. It reports
+// whether ctx is a loader's context (see [SetTTL]); outside a loader it
+// does nothing and returns false.
+func DoNotCache(ctx context.Context) bool {
 	if o, _ := ctx.Value(loadOptionsKey{}).(*loadOptions); o != nil {
 		o.noCache = true
+		return true
 	}
+	return false
 }
