@@ -7,8 +7,8 @@ package cache
 
 import (
 	"fmt"
-	"strings"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/maypok86/otter/v2"
