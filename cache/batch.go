@@ -367,7 +367,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	for i, k := range b.keys {
 		if errs[i] == nil {
 			raw, _ := cmds[i].Bytes()
-			hits[i] = b.hit(k, c.decode(raw, at))
+			hits[i] = b.hit(k, c.decode(k, raw, at))
 		}
 	}
 	fresh := b.refresh(ctx)
@@ -446,7 +446,7 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 		case res[0] == int64(1):
 			s, _ := res[1].(string)
 			queued := len(b.due)
-			if r := b.hit(k, c.decode([]byte(s), at)); r == nil {
+			if r := b.hit(k, c.decode(k, []byte(s), at)); r == nil {
 				others = append(others, k) // unreadable, or expired already: GetOrLoad's loop deals with it
 			} else if len(b.due) > queued {
 				b.late = append(b.late, k) // answered by takeLate, with its refresh

@@ -49,9 +49,9 @@ var (
 	// values.
 	ErrEmptyKey = errors.New("cache: empty key")
 
-	// ErrReservedKey is returned for a key (prefix included) of the shape
-	// "{...}:stampede:lock:...", which the cache keeps for its load locks
-	// (see [LockKey]), so that a value can never be stored where a lock lives.
+	// ErrReservedKey is returned for a key (prefix included) that is the
+	// load lock name of another key ("product:42{5716}:stampede:lock", see
+	// [LockKey]), so that a value can never be stored where a lock lives.
 	ErrReservedKey = errors.New("cache: key has the reserved shape of a lock name")
 
 	// ErrCircuitOpen is returned under [FailClosed] while the circuit breaker

@@ -62,6 +62,12 @@ const (
 	// have been missed (a lost connection, a reconnect, a change of masters)
 	// or Redis was flushed. Key is "".
 	EventNearDrop
+	// EventDecodeError: the record at the key holds a value the codec could
+	// not decode (written by another version of V, another program, or a
+	// Cache of another value type on the same prefix); it was treated as a
+	// miss, to be replaced. Err: the codec's error. The error hook hears of
+	// it too, once per key (per Cache, up to 1024 keys remembered).
+	EventDecodeError
 )
 
 var eventNames = [...]string{
@@ -69,7 +75,7 @@ var eventNames = [...]string{
 	EventWait: "wait", EventWoken: "woken", EventLockLost: "lock_lost", EventStaleServed: "stale_served",
 	EventRefresh: "refresh", EventRedisError: "redis_error", EventBreakerOpen: "breaker_open",
 	EventBreakerClose: "breaker_close", EventNearHit: "near_hit", EventNearInvalidation: "near_invalidation",
-	EventNearEviction: "near_eviction", EventNearDrop: "near_drop",
+	EventNearEviction: "near_eviction", EventNearDrop: "near_drop", EventDecodeError: "decode_error",
 }
 
 // String returns the kind's snake_case name, for metric and log labels.

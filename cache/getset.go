@@ -55,7 +55,7 @@ func (c *Cache[V]) Get(ctx context.Context, key string, opts ...CallOption) (V, 
 	if errors.Is(err, redis.Nil) {
 		return zero, ErrCacheMiss
 	}
-	r := c.decode(b, at)
+	r := c.decode(key, b, at)
 	if r == nil {
 		return zero, ErrCacheMiss
 	}

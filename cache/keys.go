@@ -1,6 +1,7 @@
 // keys.go names the Redis keys the cache writes besides the values: the load
-// lock of each value key, one-to-one, in the value's cluster slot, and of a
-// shape no value key may take.
+// lock of each value key, one-to-one, in the value's cluster slot, under the
+// value key itself (so under the cache's prefix and its ACL pattern), and of
+// a shape no value key may take.
 
 package cache
 
@@ -10,25 +11,56 @@ import (
 	"github.com/stampede-go/stampede/internal/slot"
 )
 
-// lockInfix follows the slot tag in every lock name: "{T}:stampede:lock:key".
-const lockInfix = ":stampede:lock:"
+// lockSuffix names a value key's load lock (see slot.Companion).
+const lockSuffix = ":stampede:lock"
 
 // LockKey returns the Redis key of the load lock that [Cache.GetOrLoad] takes
 // for the value stored at valueKey (the full key, prefix included), for
-// operators and tests. It is "{T}:stampede:lock:" followed by valueKey, where
-// T is a short string that Redis Cluster hashes to valueKey's slot: the lock
-// is in the value's slot, distinct for every value key, and never equal to a
-// key the cache accepts (see [ErrReservedKey]).
+// operators and tests. It is valueKey+"{T}:stampede:lock", where T is a short
+// string that Redis Cluster hashes to valueKey's slot, or
+// valueKey+"{}:stampede:lock" when valueKey has a hash tag (which then keeps
+// deciding the slot). Both start with valueKey, so an ACL key pattern that
+// grants the values ("~product:*") grants their locks. The one exception is a
+// key with a '{' that opens no hash tag ("a{b"): its lock is
+// "{T}:stampede:lock"+valueKey+"}", outside the prefix. The lock is in the
+// value's slot, distinct for every value key, and never equal to a key the
+// cache accepts (see [ErrReservedKey]).
 func LockKey(valueKey string) string {
-	return "{" + slot.Tag(slot.Of(valueKey)) + "}" + lockInfix + valueKey
+	return slot.Companion(valueKey, lockSuffix)
 }
 
-// isLockName reports whether key has the shape of a lock name, which value
-// keys may not take, so that no value can be stored where a lock lives.
+// isLockName reports whether key is the lock name of some value key, which
+// value keys may not take, so that no value can be stored where a lock
+// lives. It inverts slot.Companion exactly: keys that only look alike (a
+// wrong slot tag, say) stay usable.
 func isLockName(key string) bool {
-	if len(key) == 0 || key[0] != '{' {
-		return false
+	// key+"{}"+suffix, key with a hash tag.
+	if v, ok := strings.CutSuffix(key, "{}"+lockSuffix); ok && hasHashTag(v) {
+		return true
 	}
-	end := strings.IndexByte(key, '}')
-	return end > 0 && strings.HasPrefix(key[end+1:], lockInfix)
+	// key+"{T}"+suffix, key without '{': the first '{' opens T.
+	if v, ok := strings.CutSuffix(key, "}"+lockSuffix); ok {
+		if i := strings.IndexByte(v, '{'); i >= 0 && v[i+1:] == slot.Tag(slot.Of(v[:i])) {
+			return true
+		}
+	}
+	// "{T}"+suffix+key+"}", key with a '{' that opens no tag.
+	if rest, ok := strings.CutPrefix(key, "{"); ok {
+		if j := strings.IndexByte(rest, '}'); j > 0 {
+			if v, ok := strings.CutPrefix(rest[j+1:], lockSuffix); ok {
+				if v, ok := strings.CutSuffix(v, "}"); ok && strings.Contains(v, "{") && !hasHashTag(v) &&
+					rest[:j] == slot.Tag(slot.Of(v)) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// hasHashTag reports whether key has a Redis Cluster hash tag: a '{'
+// followed, after at least one byte, by a '}'.
+func hasHashTag(key string) bool {
+	i := strings.IndexByte(key, '{')
+	return i >= 0 && strings.IndexByte(key[i+1:], '}') > 0
 }

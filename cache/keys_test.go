@@ -1,5 +1,6 @@
-// keys_test.go proves the naming of load locks: in the value's slot,
-// one-to-one, and never a key the cache accepts as a value key.
+// keys_test.go proves the naming of load locks and notification channels:
+// in the value's slot, one-to-one, under the value key (or the prefix), and
+// never a key the cache accepts as a value key.
 
 package cache
 
@@ -28,7 +29,109 @@ func TestLockKeyIsInTheValueKeySlot(t *testing.T) {
 			t.Errorf("LockKey(%q) = %q in slot %d; want the key's slot %d", key, lk, got, want)
 		}
 	}
-	assert.Equal(t, "{5716}:stampede:lock:product:42", LockKey("product:42"))
+	assert.Equal(t, "product:42{5716}:stampede:lock", LockKey("product:42"))
+	assert.Equal(t, "{user:7}:profile{}:stampede:lock", LockKey("{user:7}:profile"))
+}
+
+// TestLockKeysAreUnderTheValueKey: locks named "{T}:stampede:lock:key" fell
+// outside a per-service ACL ("~product:*") and every call failed with
+// NOPERM. A lock now starts with its value key, but for keys with a '{'
+// that opens no hash tag.
+func TestLockKeysAreUnderTheValueKey(t *testing.T) {
+	for _, key := range []string{"product:42", "product:{7}", "{user:7}:profile", "a}b", ""} {
+		if lk := LockKey(key); !strings.HasPrefix(lk, key) {
+			t.Errorf("LockKey(%q) = %q; want it under the key", key, lk)
+		}
+	}
+	for _, key := range []string{"a{b", "{}x", "{", "x{}y{z}"} {
+		if lk := LockKey(key); !strings.HasPrefix(lk, "{") || !strings.HasSuffix(lk, key+"}") {
+			t.Errorf("LockKey(%q) = %q; want \"{T}:stampede:lock\"+key+\"}\"", key, lk)
+		}
+	}
+}
+
+// TestChannelsAreUnderThePrefix: the one notification channel per slot was
+// "{T}:stampede:notify", outside a per-service ACL ("&product:*"). It is now
+// named under the cache's prefix, in the slot of the keys it announces,
+// the prefix's hash tag included.
+func TestChannelsAreUnderThePrefix(t *testing.T) {
+	for _, tc := range []struct{ prefix, key, want string }{
+		{"product:", "42", "product:{5716}:stampede:notify"},
+		{"", "product:42", "{5716}:stampede:notify"},
+		{"{shop}:", "item", "{shop}:{}:stampede:notify"},
+	} {
+		if got := notifyChannel(tc.prefix, tc.prefix+tc.key); got != tc.want {
+			t.Errorf("notifyChannel(%q, %q) = %q; want %q", tc.prefix, tc.prefix+tc.key, got, tc.want)
+		}
+	}
+	for _, prefix := range channelPrefixes {
+		for _, k := range []string{"42", "{7}", "a{b", "}"} {
+			key := prefix + k
+			ch := notifyChannel(prefix, key)
+			if got, want := specSlot(ch), specSlot(key); got != want {
+				t.Errorf("notifyChannel(%q, %q) = %q in slot %d; want the key's slot %d", prefix, key, ch, got, want)
+			}
+			if !strayBrace(prefix) && !strings.HasPrefix(ch, prefix) {
+				t.Errorf("notifyChannel(%q, %q) = %q; want it under the prefix", prefix, key, ch)
+			}
+		}
+	}
+}
+
+// channelPrefixes are prefixes whose braces test the channel's naming.
+var channelPrefixes = []string{"", "product:", "{shop}:", "a{b}:", "a}b:", "a{b:", "{}:", "{"}
+
+// strayBrace reports whether s has a '{' that opens no hash tag.
+func strayBrace(s string) bool { return strings.Contains(s, "{") && !hasHashTag(s) }
+
+// TestLockNamesAreExactlyRefused: every lock name is refused as a value
+// key, and keys that only look like one (a wrong slot tag, a missing
+// brace) are accepted: isLockName inverts LockKey exactly.
+func TestLockNamesAreExactlyRefused(t *testing.T) {
+	keys := []string{
+		"", "a", "product:42", "{user:7}:profile", "{user:7}", "user:7}", "{user:7", "a{b", "a}b",
+		"{}x", "}{", "x{}y{z}", "{", "}", "{}", "{{}}", "{a}{b}", "a{{b}}c", "sp ace\n\x00bin",
+		":stampede:lock", "}:stampede:lock", "{}:stampede:lock", strings.Repeat("{", 50),
+	}
+	for _, k := range keys {
+		lk := LockKey(k)
+		if !isLockName(lk) {
+			t.Errorf("isLockName(LockKey(%q) = %q) = false", k, lk)
+		}
+		if isLockName(k) {
+			t.Errorf("isLockName(%q) = true; it is no key's lock", k)
+		}
+		// Near misses: each is either another key's lock, or accepted.
+		for _, near := range []string{lk + "x", "x" + lk, lk[:len(lk)-1], lk[1:], strings.Replace(lk, "{", "{1", 1), strings.Replace(lk, "}", "1}", 1)} {
+			if isLockName(near) != isSomeLock(near) {
+				t.Errorf("isLockName(%q) = %v; want %v", near, isLockName(near), !isLockName(near))
+			}
+		}
+	}
+	for _, k := range []string{"product:{1}:stampede:lock", "product:{}:stampede:lock", "{1}:stampede:lockproduct:{}", "a{5716}:stampede:lock"} {
+		if isLockName(k) {
+			t.Errorf("isLockName(%q) = true; it is no key's lock", k)
+		}
+	}
+	assert.True(t, isLockName("product:42{5716}:stampede:lock"))
+}
+
+// isSomeLock reports whether name is LockKey(k) for some k, by trying every
+// k LockKey could have been given (written independently of isLockName).
+func isSomeLock(name string) bool {
+	for i := 0; i <= len(name); i++ {
+		if LockKey(name[:i]) == name {
+			return true
+		}
+	}
+	for i := 0; i <= len(name); i++ {
+		for j := i; j <= len(name); j++ {
+			if LockKey(name[i:j]) == name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // slot is Redis Cluster's key slot, written from the spec independently of
@@ -64,6 +167,19 @@ func TestLockKeyMatchesRedisKeySlot(t *testing.T) {
 		require.NoError(t, err)
 		if got != want {
 			t.Errorf("Redis puts lock %q in slot %d; want the slot of %q, %d", LockKey(key), got, key, want)
+		}
+	}
+	// Channels: a key's channel is in the key's slot, whatever the prefix.
+	for _, prefix := range channelPrefixes {
+		for _, k := range []string{"42", "{7}", "a{b", "}"} {
+			key := prefix + k
+			want, err := rdb.ClusterKeySlot(t.Context(), key).Result()
+			require.NoError(t, err)
+			got, err := rdb.ClusterKeySlot(t.Context(), notifyChannel(prefix, key)).Result()
+			require.NoError(t, err)
+			if got != want {
+				t.Errorf("Redis puts channel %q in slot %d; want the slot of %q, %d", notifyChannel(prefix, key), got, key, want)
+			}
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -68,8 +69,8 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	_, c.cluster = rdb.(*redis.ClusterClient)
-	c.share = acquire(rdb, &c.cfg)
-	c.brk, c.notify = c.share.brk, c.share.res.notify
+	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
+	c.brk, c.notify = c.share.brk, c.share.notify
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.reads = newCoalescer(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
@@ -406,7 +407,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			skip = b
 			break
 		}
-		if r := c.found(ctx, key, load, c.decode(b, at)); r != nil {
+		if r := c.found(ctx, key, load, c.decode(key, b, at)); r != nil {
 			return r, nil
 		}
 		skip = b
@@ -433,7 +434,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		case errNone:
 			if res[0].(int64) == 1 {
 				b := []byte(res[1].(string))
-				if r := c.found(ctx, key, load, c.decode(b, at)); r != nil {
+				if r := c.found(ctx, key, load, c.decode(key, b, at)); r != nil {
 					c.waited(key, waitStart, nil)
 					return r, nil
 				}
@@ -500,9 +501,11 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 		ErrLockNotAcquired, key, c.cfg.retry.max, c.cfg.retry.backoff)
 }
 
-// decode reads a record found at time at; nil means it is not one this
-// version can read.
-func (c *Cache[V]) decode(b []byte, at time.Time) *result[V] {
+// decode reads the record found at key at time at; nil means it is not one
+// this version can read. A value the codec cannot decode (another Cache's
+// value type, say) is a miss too, sent to the observer as
+// EventDecodeError and to the error hook once per key (see decodeReports).
+func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
 	flags, payload, err := decodeRecord(b)
 	if err != nil {
 		return nil
@@ -514,6 +517,10 @@ func (c *Cache[V]) decode(b []byte, at time.Time) *result[V] {
 	if err := c.unmarshal(payload, &r.v); err != nil {
 		var pe *PanicError
 		if !errors.As(err, &pe) {
+			c.cfg.emit(EventDecodeError, key, 0, err)
+			if c.cfg.onError != nil && c.share.decodes.first(key) {
+				c.cfg.onError(key, err)
+			}
 			return nil // bytes this codec cannot read: a miss, to be replaced
 		}
 		return &result[V]{err: err, at: at} // a broken codec: reloading would not help

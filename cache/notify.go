@@ -1,7 +1,8 @@
 // notify.go wakes waiters when the holder of a key's load lock commits or
 // releases, instead of leaving them to their poll interval: the scripts
-// publish the key on a channel of its cluster slot, and each Cache keeps one
-// subscription per Redis master.
+// publish the key on a channel of its cluster slot named under the cache's
+// prefix, and the Caches on one client share one subscription per Redis
+// master.
 
 package cache
 
@@ -16,14 +17,29 @@ import (
 	"github.com/stampede-go/stampede/internal/slot"
 )
 
-// notifyInfix follows the slot tag in every channel name:
-// "{T}:stampede:notify", one channel per slot, in the slot of its keys.
+// notifyInfix follows the slot tag in every channel name.
 const notifyInfix = ":stampede:notify"
 
 // notifyChannel is the channel on which the commit and the release of key's
-// load lock are announced.
-func notifyChannel(key string) string {
-	return "{" + slot.Tag(slot.Of(key)) + "}" + notifyInfix
+// load lock are announced, for a cache with the given prefix: one channel per
+// prefix and slot, in the slot of its keys, and under the prefix so that an
+// ACL channel pattern that grants the prefix ("&product:*") grants it:
+//
+//   - prefix+"{T}:stampede:notify", T hashing to key's slot, when the prefix
+//     has no '{' (the first '{' is then T's);
+//   - prefix+"{}:stampede:notify" when the prefix has a hash tag: every key of
+//     the cache is in the prefix's slot, and so is this one channel;
+//   - "{T}:stampede:notify:"+prefix when the prefix has a '{' that opens no
+//     hash tag: the one shape outside the prefix (no name starting with such a
+//     prefix can be placed in a chosen slot).
+func notifyChannel(prefix, key string) string {
+	switch {
+	case hasHashTag(prefix):
+		return prefix + "{}" + notifyInfix
+	case strings.IndexByte(prefix, '{') < 0:
+		return prefix + "{" + slot.Tag(slot.Of(key)) + "}" + notifyInfix
+	}
+	return "{" + slot.Tag(slot.Of(key)) + "}" + notifyInfix + ":" + prefix
 }
 
 var (
@@ -56,7 +72,19 @@ var errUnsharded = errors.New("cache: no SSUBSCRIBE on this server")
 // sleeps: its waiters poll. So do waits whose subscription failed or is not
 // confirmed in time: a lost message, a reconnect or a slot moving away costs
 // at most one backoff, never a hang. Safe for concurrent use.
+//
+// Each Cache holds a notifier of its own prefix (which names its channels,
+// see notifyChannel) over the notifyHub of its client: caches with other
+// prefixes subscribe other channels on the same subscriptions, and a message
+// wakes the waits for its key, whichever channel brought it.
 type notifier struct {
+	*notifyHub
+	prefix string
+}
+
+// notifyHub is the state of a client's subscriptions, shared by the
+// notifiers of every prefix.
+type notifyHub struct {
 	rdb     redis.UniversalClient // a *redis.Client or a *redis.ClusterClient
 	cluster *redis.ClusterClient  // rdb, when it is a cluster: one PubSub per master
 	plain   bool                  // SUBSCRIBE even where SSUBSCRIBE exists (tests)
@@ -74,12 +102,21 @@ func newNotifier(rdb redis.UniversalClient) *notifier {
 	switch c := rdb.(type) {
 	case *redis.Client:
 		o := c.Options()
-		return &notifier{rdb: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}
+		return &notifier{notifyHub: &notifyHub{rdb: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}}
 	case *redis.ClusterClient:
 		o := c.Options()
-		return &notifier{rdb: c, cluster: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}
+		return &notifier{notifyHub: &notifyHub{rdb: c, cluster: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}}
 	}
 	return nil
+}
+
+// withPrefix returns a notifier for the channels of a cache with prefix p,
+// sharing n's subscriptions; nil if n is nil.
+func (n *notifier) withPrefix(p string) *notifier {
+	if n == nil {
+		return nil
+	}
+	return &notifier{notifyHub: n.notifyHub, prefix: p}
 }
 
 // subscribeTimeout is how long a subscribe may take: a dial and a write,
@@ -166,7 +203,7 @@ func (n *notifier) channel(key string) string {
 	if n == nil {
 		return ""
 	}
-	return notifyChannel(key)
+	return notifyChannel(n.prefix, key)
 }
 
 // wait blocks until the lock of key is committed or released (true), d
@@ -210,7 +247,7 @@ const (
 
 // waitOn is one wait through the subscription of key's master.
 func (n *notifier) waitOn(ctx context.Context, key string, d time.Duration, t *time.Timer) waitResult {
-	ch := notifyChannel(key)
+	ch := notifyChannel(n.prefix, key)
 	addr := ""
 	if n.cluster != nil {
 		m, err := n.cluster.MasterForKey(ctx, ch)
@@ -377,6 +414,12 @@ func (s *subscription) subscribe(ctx context.Context, cs *channelSub) {
 	n.mu.Lock()
 	if s.dead {
 		cs.err = redis.ErrClosed
+		if s.sharded && n.unsharded[s.addr] {
+			// Another subscribe on s was refused for want of SSUBSCRIBE
+			// (Redis < 7) before this one was sent: this wait retries with
+			// SUBSCRIBE too, instead of polling.
+			cs.err = errUnsharded
+		}
 		close(cs.ready)
 		n.mu.Unlock()
 		return

@@ -246,7 +246,7 @@ func TestWaiterWokenWithoutShardedPubSub(t *testing.T) {
 	var subscribers int64
 	hook := &readOrLockHook{after: func(n int64) {
 		if n == 2 {
-			subscribers = admin.PubSubNumSub(t.Context(), notifyChannel(key)).Val()[notifyChannel(key)]
+			subscribers = admin.PubSubNumSub(t.Context(), notifyChannel("", key)).Val()[notifyChannel("", key)]
 			h.open(t, false)
 		}
 	}}
@@ -272,7 +272,7 @@ func TestWaiterWokenWithoutShardedPubSub(t *testing.T) {
 func TestNotifierUnshardedSwitch(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
-	ch := notifyChannel(key)
+	ch := notifyChannel("", key)
 	n := newNotifier(rdb)
 	n.plain = true
 	defer n.close()
@@ -553,7 +553,7 @@ func TestSubscriptionSurvivesASlowDial(t *testing.T) {
 		got <- v
 	}()
 	waitFor(t, func() bool { // subscribed: the server counts a subscriber of the key's channel
-		ch := notifyChannel(key) // SSUBSCRIBE, or SUBSCRIBE on Redis < 7 (where SHARDNUMSUB fails: 0)
+		ch := notifyChannel("", key) // SSUBSCRIBE, or SUBSCRIBE on Redis < 7 (where SHARDNUMSUB fails: 0)
 		return rdb.PubSubShardNumSub(t.Context(), ch).Val()[ch]+rdb.PubSubNumSub(t.Context(), ch).Val()[ch] == 1
 	})
 	h.open(t, false)

@@ -7,6 +7,7 @@
 package cache
 
 import (
+	"fmt"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,10 @@ type clientRes struct {
 	health health
 	refs   int  // Caches holding it; protected by registry.mu
 	listed bool // in registry.m (a client that is a pointer)
+	// claims is, per prefix, the value type of the open Caches on it and
+	// their count; protected by registry.mu. Two value types on one prefix
+	// would overwrite each other's values (see acquire).
+	claims map[string]claim
 
 	mu       sync.Mutex
 	breakers map[breakerConfig]*breaker // protected by mu
@@ -37,6 +42,12 @@ type breakerConfig struct {
 	coolDown time.Duration
 }
 
+// claim is the value type that the open Caches of one prefix hold.
+type claim struct {
+	vt reflect.Type
+	n  int
+}
+
 // registry maps each client (by pointer) to its resources.
 var registry struct {
 	mu sync.Mutex
@@ -48,19 +59,32 @@ var registry struct {
 type share struct {
 	res      *clientRes
 	brk      *breaker
+	notify   *notifier     // res.notify for this Cache's prefix; nil: waiters poll
+	prefix   string        // the claim held in res.claims
+	claimed  bool          // a claim is held (a client that is a pointer)
+	decodes  decodeReports // undecodable records reported to this Cache's hook
 	logger   loggerRef     // registered with res.health while held
 	fullSeen atomic.Uint64 // the last memory-pressure episode this Cache's hook was told of
 	once     sync.Once
 }
 
-// acquire returns a hold on rdb's resources, creating them for the first
-// Cache on rdb. A client that is not a pointer (which cannot be told apart
-// from a copy of itself) gets resources of its own.
-func acquire(rdb redis.UniversalClient, cfg *config) *share {
+// acquire returns a hold on rdb's resources for a Cache of values of type
+// vt, creating them for the first Cache on rdb. A client that is not a
+// pointer (which cannot be told apart from a copy of itself) gets resources
+// of its own. It panics if an open Cache on rdb with the same prefix holds
+// another value type: each would read the other's values as undecodable and
+// replace them, and the mix-up is a programming error best found at New.
+func acquire(rdb redis.UniversalClient, cfg *config, vt reflect.Type) *share {
 	var r *clientRes
+	claimed := false
 	if reflect.TypeOf(rdb).Kind() == reflect.Pointer {
 		registry.mu.Lock()
 		r = registry.m[rdb]
+		if c, ok := r.claimOf(cfg.prefix); ok && c.vt != vt {
+			registry.mu.Unlock()
+			panic(fmt.Sprintf("cache: New: a Cache[%v] with prefix %q is open on this client; a Cache[%v] there would overwrite its values (give it another prefix, or Close the other first)",
+				c.vt, cfg.prefix, vt))
+		}
 		if r == nil {
 			r = newClientRes(rdb)
 			r.listed = true
@@ -70,15 +94,32 @@ func acquire(rdb redis.UniversalClient, cfg *config) *share {
 			registry.m[rdb] = r
 		}
 		r.refs++
+		if r.claims == nil {
+			r.claims = map[string]claim{}
+		}
+		r.claims[cfg.prefix] = claim{vt: vt, n: r.claims[cfg.prefix].n + 1}
+		claimed = true
 		registry.mu.Unlock()
 	} else {
 		r = newClientRes(rdb)
 		r.refs = 1
 	}
 	s := &share{res: r, brk: r.breaker(breakerConfig{cfg.breaker.failures, cfg.breaker.coolDown})}
+	s.notify = r.notify.withPrefix(cfg.prefix)
+	s.prefix, s.claimed = cfg.prefix, claimed
 	s.logger = cfg.loggerRef()
 	r.health.register(s.logger)
 	return s
+}
+
+// claimOf returns the claim on prefix. r may be nil. Called with
+// registry.mu held.
+func (r *clientRes) claimOf(prefix string) (claim, bool) {
+	if r == nil {
+		return claim{}, false
+	}
+	c, ok := r.claims[prefix]
+	return c, ok
 }
 
 func newClientRes(rdb redis.UniversalClient) *clientRes {
@@ -111,6 +152,13 @@ func (s *share) release() {
 		r.health.unregister(s.logger)
 		registry.mu.Lock()
 		r.refs--
+		if s.claimed {
+			if c := r.claims[s.prefix]; c.n > 1 {
+				r.claims[s.prefix] = claim{vt: c.vt, n: c.n - 1}
+			} else {
+				delete(r.claims, s.prefix)
+			}
+		}
 		last := r.refs == 0
 		if last && r.listed {
 			delete(registry.m, r.rdb)
@@ -120,4 +168,30 @@ func (s *share) release() {
 			r.notify.close()
 		}
 	})
+}
+
+// decodeReportMax bounds the keys a decodeReports remembers.
+const decodeReportMax = 1024
+
+// decodeReports remembers the keys whose undecodable record a Cache's error
+// hook was told of, so that a key read in a loop costs the hook one call,
+// not one per read. Past decodeReportMax keys it forgets them all at once,
+// which bounds its memory. Safe for concurrent use.
+type decodeReports struct {
+	mu   sync.Mutex
+	keys map[string]struct{} // protected by mu
+}
+
+// first reports whether key is not remembered yet, and remembers it.
+func (d *decodeReports) first(key string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.keys[key]; ok {
+		return false
+	}
+	if d.keys == nil || len(d.keys) >= decodeReportMax {
+		d.keys = map[string]struct{}{}
+	}
+	d.keys[key] = struct{}{}
+	return true
 }

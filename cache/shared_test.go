@@ -7,7 +7,10 @@ package cache
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,11 +39,13 @@ func (c *Cache[V]) waitOnce(ctx context.Context, key string) error {
 func (c *Cache[V]) breakerOf() *breaker   { return c.brk }
 func (c *Cache[V]) notifierOf() *notifier { return c.notify }
 
-// fiveCaches opens five caches of different value types on rdb.
+// fiveCaches opens five caches of different value types on rdb, with the
+// prefixes "c0:" to "c4:" (one prefix holds one value type).
 func fiveCaches(rdb redis.UniversalClient, opts ...Option) []typedCache {
+	o := func(i int) []Option { return append(slices.Clone(opts), WithPrefix(fmt.Sprintf("c%d:", i))) }
 	return []typedCache{
-		New[product](rdb, opts...), New[string](rdb, opts...), New[int](rdb, opts...),
-		New[[]byte](rdb, opts...), New[map[string]int](rdb, opts...),
+		New[product](rdb, o(0)...), New[string](rdb, o(1)...), New[int](rdb, o(2)...),
+		New[[]byte](rdb, o(3)...), New[map[string]int](rdb, o(4)...),
 	}
 }
 
@@ -66,13 +71,13 @@ func TestCachesOnOneClientShareOneSubscription(t *testing.T) {
 	admin := redistest.Client(t, srv.Addr)
 	caches := fiveCaches(rdb, WithRetry(1, 20*time.Millisecond))
 	for i, c := range caches {
-		key := "held" + strings.Repeat("x", i) // other keys, other channels
-		require.NoError(t, admin.Set(t.Context(), LockKey(key), "someone else", 10*time.Second).Err())
+		key := "held" + strings.Repeat("x", i) // other keys, other prefixes: other channels
+		require.NoError(t, admin.Set(t.Context(), LockKey(fmt.Sprintf("c%d:", i)+key), "someone else", 10*time.Second).Err())
 		require.ErrorIs(t, c.waitOnce(t.Context(), key), ErrLockNotAcquired)
 	}
 	assert.Equal(t, 1, pubsubClients(t, admin), "subscribed connections of 5 caches on one client")
 	for _, c := range caches[1:] {
-		assert.Same(t, caches[0].notifierOf(), c.notifierOf())
+		assert.Same(t, caches[0].notifierOf().notifyHub, c.notifierOf().notifyHub)
 		assert.Same(t, caches[0].breakerOf(), c.breakerOf())
 	}
 
@@ -147,4 +152,75 @@ func TestCachesOnOneClientShareTheBreaker(t *testing.T) {
 	assert.NotSame(t, caches[0].breakerOf(), other.brk)
 	assert.Same(t, caches[0].breakerOf().health, other.brk.health)
 	assert.False(t, other.brk.open())
+}
+
+// TestOneValueTypePerPrefix: a Cache[string] and a Cache[product] on one
+// client and prefix overwrote each other's values, each reading the other's
+// as a miss. New refuses the second value type while the first is open.
+func TestOneValueTypePerPrefix(t *testing.T) {
+	rdb, p := setup(t)
+	newProduct := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("%v", r)
+			}
+		}()
+		New[product](rdb, WithPrefix(p)).Close()
+		return nil
+	}
+	a := New[string](rdb, WithPrefix(p))
+	b := New[string](rdb, WithPrefix(p)) // the same value type: fine
+	New[product](rdb, WithPrefix(p+"other:")).Close()
+	err := newProduct()
+	require.Error(t, err, "New[product] on the prefix of an open Cache[string]")
+	assert.Contains(t, err.Error(), "cache: New: a Cache[string] with prefix")
+	assert.Contains(t, err.Error(), "a Cache[cache.product] there would overwrite its values")
+	require.NoError(t, a.Close())
+	assert.Error(t, newProduct(), "b still holds the prefix")
+	require.NoError(t, b.Close())
+	assert.NoError(t, newProduct(), "the prefix is free once its Caches are closed")
+	assert.NoError(t, newProduct(), "and again")
+}
+
+// TestDecodeFailuresAreReported: a record the codec cannot read (here a
+// string written by another process's Cache[string] on the same prefix)
+// was a silent miss; it is now an EventDecodeError on every read path and
+// reaches the error hook once per key.
+func TestDecodeFailuresAreReported(t *testing.T) {
+	rdb, p := setup(t)
+	other := New[string](redistest.Client(t, redistest.Addr(t)), WithPrefix(p))
+	defer other.Close()
+	var events atomic.Int64
+	var mu sync.Mutex
+	var hooked []string
+	c := New[product](rdb, WithPrefix(p), eventCount(EventDecodeError, &events),
+		WithErrorHook(func(key string, err error) {
+			if strings.Contains(err.Error(), "decode value") {
+				mu.Lock()
+				hooked = append(hooked, key)
+				mu.Unlock()
+			}
+		}))
+	defer c.Close()
+	src := &counter{}
+
+	require.NoError(t, other.Set(t.Context(), "k", "text"))
+	_, err := c.Get(t.Context(), "k")
+	require.ErrorIs(t, err, ErrCacheMiss)
+	assert.EqualValues(t, 1, events.Load(), "EventDecodeError after Get")
+	_, err = c.GetOrLoad(t.Context(), "k", src.load)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, events.Load(), int64(2), "EventDecodeError after GetOrLoad")
+	assert.EqualValues(t, 1, src.calls.Load(), "the unreadable value is replaced by a load")
+
+	require.NoError(t, other.Set(t.Context(), "k", "text"))
+	before := events.Load()
+	_, err = c.GetOrLoadMany(t.Context(), []string{"k"}, func(_ context.Context, keys []string) (map[string]product, error) {
+		return map[string]product{keys[0]: {ID: "many"}}, nil
+	})
+	require.NoError(t, err)
+	assert.Greater(t, events.Load(), before, "EventDecodeError after GetOrLoadMany")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{p + "k"}, hooked, "the error hook hears of the key once")
 }

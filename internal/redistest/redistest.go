@@ -354,13 +354,15 @@ func Prefix(tb testing.TB, rdb redis.UniversalClient) string {
 }
 
 // DeletePrefix deletes every key that starts with prefix, and the load locks
-// of those keys: "{T}:stampede:lock:" followed by the value key (see
-// cache.LockKey), and the older "{prefix...}:lock" shape.
+// of those keys: the value key followed by "{T}:stampede:lock" (matched by
+// the prefix), or "{T}:stampede:lock" followed by the value key and "}" for
+// a key with a stray '{' (see cache.LockKey), and the older
+// "{prefix...}:lock" shape.
 func DeletePrefix(rdb redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	p := escape(prefix)
-	for _, pattern := range []string{p + "*", "{" + p + "*", "{*}:stampede:lock:" + p + "*"} {
+	for _, pattern := range []string{p + "*", "{" + p + "*", "{*}:stampede:lock" + p + "*"} {
 		var keys []string
 		err := forEachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
 			iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
