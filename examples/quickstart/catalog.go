@@ -38,6 +38,15 @@ func GetProduct(ctx context.Context, coll *mongo.Collection, id string) (Product
 	})
 }
 
+// GetFlashSaleProduct is GetProduct for a product on sale: per-call
+// options change one call, here a short TTL while its stock moves fast.
+func GetFlashSaleProduct(ctx context.Context, coll *mongo.Collection, id string) (Product, error) {
+	return products.GetOrLoad(ctx, id, func(ctx context.Context) (Product, error) {
+		var p Product
+		return p, coll.FindOne(ctx, bson.M{"_id": id}).Decode(&p)
+	}, cache.TTL(5*time.Second))
+}
+
 // SetPrice writes to MongoDB, then deletes the cached copy: the next read
 // loads the new price, even if a load of the old one is still running.
 func SetPrice(ctx context.Context, coll *mongo.Collection, id string, price int) error {
