@@ -71,16 +71,19 @@ type share struct {
 // acquire returns a hold on rdb's resources for a Cache of values of type
 // vt, creating them for the first Cache on rdb. A client that is not a
 // pointer (which cannot be told apart from a copy of itself) gets resources
-// of its own. It panics if an open Cache on rdb with the same prefix holds
-// another value type: each would read the other's values as undecodable and
-// replace them, and the mix-up is a programming error best found at New.
+// of its own. It panics if an open Cache on rdb with the same non-empty
+// prefix holds another value type: each would read the other's values as
+// undecodable and replace them, and the mix-up is a programming error best
+// found at New. The empty prefix is left shared: without WithPrefix the
+// keys carry their own namespaces ("user:1", "product:1"), a common and
+// sound layout; a clash there is still reported (EventDecodeError).
 func acquire(rdb redis.UniversalClient, cfg *config, vt reflect.Type) *share {
 	var r *clientRes
 	claimed := false
 	if reflect.TypeOf(rdb).Kind() == reflect.Pointer {
 		registry.mu.Lock()
 		r = registry.m[rdb]
-		if c, ok := r.claimOf(cfg.prefix); ok && c.vt != vt {
+		if c, ok := r.claimOf(cfg.prefix); ok && c.vt != vt && cfg.prefix != "" {
 			registry.mu.Unlock()
 			panic(fmt.Sprintf("cache: New: a Cache[%v] with prefix %q is open on this client; a Cache[%v] there would overwrite its values (give it another prefix, or Close the other first)",
 				c.vt, cfg.prefix, vt))

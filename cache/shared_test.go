@@ -180,6 +180,12 @@ func TestOneValueTypePerPrefix(t *testing.T) {
 	require.NoError(t, b.Close())
 	assert.NoError(t, newProduct(), "the prefix is free once its Caches are closed")
 	assert.NoError(t, newProduct(), "and again")
+
+	// Without a prefix the keys carry their namespaces: shared, no panic.
+	New[string](rdb).Close()
+	s := New[string](rdb)
+	defer s.Close()
+	New[product](rdb).Close()
 }
 
 // TestDecodeFailuresAreReported: a record the codec cannot read (here a

@@ -30,9 +30,10 @@ func TestDeletePrefixRemovesLockKeys(t *testing.T) {
 	rdb := Client(t, Addr(t))
 	p := "stampedetest:delprefix:[x]*?:"
 	ctx := context.Background()
-	// The value, its lock as cache.LockKey names it, and the older lock shape.
-	mine := []string{p + "a", "{5716}:stampede:lock:" + p + "a", "{" + p + "a}:lock"}
-	others := []string{"stampedetest:delprefix:other", "{5716}:stampede:lock:stampedetest:delprefix:other"}
+	// The value, its lock as cache.LockKey names it (under the key, or, for a
+	// key with a stray '{', before it), and the older lock shape.
+	mine := []string{p + "a", p + "a{5716}:stampede:lock", "{5716}:stampede:lock" + p + "a{b}", "{" + p + "a}:lock"}
+	others := []string{"stampedetest:delprefix:other", "{5716}:stampede:lockstampedetest:delprefix:other{}"}
 	for _, k := range append(mine, others...) {
 		rdb.Set(ctx, k, 1, 0)
 	}
