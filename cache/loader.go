@@ -55,7 +55,12 @@ type Cache[V any] struct {
 
 // New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient,
 // *redis.Ring or failover client. Invalid options panic, naming the option:
-// they are programming errors, found at start-up.
+// they are programming errors, found at start-up. So does a second value
+// type on one prefix: New panics if a Cache of another V is open on the same
+// client with the same non-empty prefix (the two would overwrite each
+// other's values); a closed Cache frees its prefix. Without a prefix, caches
+// of any types share the keyspace, and a record one of them cannot decode is
+// reported as [EventDecodeError].
 //
 // Every Cache on the same client (the same pointer) shares one set of
 // resources: one subscription per Redis master for its waiters, one circuit
