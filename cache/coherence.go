@@ -205,11 +205,20 @@ func (t *tracker) masters(ctx context.Context) (map[string]*redis.Options, error
 // it: a reconnect therefore re-enables tracking before the subscription is
 // confirmed, and the receive loop treats every loss as a drop of memory.
 func (t *tracker) startNode(ctx context.Context, addr string, base *redis.Options) *node {
-	opt := *base
-	opt.Protocol = 2 // RESP2: invalidations arrive as messages on __redis__:invalidate
-	opt.PoolSize = 1
-	opt.MinIdleConns, opt.MaxIdleConns = 0, 0
-	opt.ClientName = "stampede-near"
+	// The connection settings only, field by field: a copy of the whole
+	// struct would share pointers the user's client writes to (go-redis
+	// v9.23's MaintNotificationsConfig, mutated when a server refuses the
+	// handshake: a data race under -race on Redis 6.2).
+	opt := redis.Options{
+		Network: base.Network, Addr: base.Addr, Dialer: base.Dialer, TLSConfig: base.TLSConfig,
+		Username: base.Username, Password: base.Password, CredentialsProvider: base.CredentialsProvider, DB: base.DB,
+		MaxRetries: base.MaxRetries, MinRetryBackoff: base.MinRetryBackoff, MaxRetryBackoff: base.MaxRetryBackoff,
+		DialTimeout: base.DialTimeout, ReadTimeout: base.ReadTimeout, WriteTimeout: base.WriteTimeout,
+		ContextTimeoutEnabled: base.ContextTimeoutEnabled, PoolTimeout: base.PoolTimeout,
+		Protocol:   2, // RESP2: invalidations arrive as messages on __redis__:invalidate
+		PoolSize:   1,
+		ClientName: "stampede-near",
+	}
 	userOnConnect := base.OnConnect
 	prefix := t.prefix
 	n := &node{addr: addr, stopped: make(chan struct{})}

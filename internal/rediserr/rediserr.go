@@ -8,6 +8,7 @@ package rediserr
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -51,7 +52,9 @@ func Classify(err error, cluster bool) Class {
 			return Transient
 		}
 	}
-	if redis.HasErrorPrefix(err, "OOM") {
+	// Redis 7 returns a script's OOM as such; Redis 6 wraps it in "ERR Error
+	// running script ...: -OOM command not allowed ...".
+	if redis.HasErrorPrefix(err, "OOM") || strings.Contains(err.Error(), "-OOM command not allowed") {
 		return Full
 	}
 	return Fatal

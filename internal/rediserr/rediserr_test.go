@@ -23,13 +23,14 @@ func TestClassify(t *testing.T) {
 		return err
 	}
 	for msg, want := range map[string][2]Class{ // on a cluster client, on a plain one
-		"TRYAGAIN Multiple keys request during rehashing of slot":          {Transient, Fatal},
-		"MOVED 3999 127.0.0.1:6381":                                        {Transient, Fatal},
-		"ASK 3999 127.0.0.1:6381":                                          {Transient, Fatal},
-		"CLUSTERDOWN The cluster is down":                                  {Transient, Fatal},
-		"LOADING Redis is loading the dataset in memory":                   {Transient, Transient},
-		"READONLY You can't write against a read only replica.":            {Transient, Transient},
-		"OOM command not allowed when used memory > 'maxmemory'.":          {Full, Full},
+		"TRYAGAIN Multiple keys request during rehashing of slot": {Transient, Fatal},
+		"MOVED 3999 127.0.0.1:6381":                               {Transient, Fatal},
+		"ASK 3999 127.0.0.1:6381":                                 {Transient, Fatal},
+		"CLUSTERDOWN The cluster is down":                         {Transient, Fatal},
+		"LOADING Redis is loading the dataset in memory":          {Transient, Transient},
+		"READONLY You can't write against a read only replica.":   {Transient, Transient},
+		"OOM command not allowed when used memory > 'maxmemory'.": {Full, Full},
+		"ERR Error running script (call to f_d6df878c0b97e6a3834bf06df9fa5d785a54b81c): @user_script:19: @user_script: 19: -OOM command not allowed when used memory > 'maxmemory'.": {Full, Full}, // Redis 6.2
 		"NOAUTH Authentication required.":                                  {Fatal, Fatal},
 		"WRONGPASS invalid username-password pair":                         {Fatal, Fatal},
 		"NOPERM this user has no permissions to run the 'evalsha' command": {Fatal, Fatal},
