@@ -211,15 +211,6 @@ func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
 	}
 }
 
-// refreshLead is how long before its expiry a record is due for early
-// refresh (see config.xfetch): load*max(1, beta*-ln(u)).
-func refreshLead(beta float64, f freshness, head []byte) time.Duration {
-	if head == nil {
-		return f.load
-	}
-	return time.Duration(float64(f.load) * max(1, beta*-math.Log(drawFor(head))))
-}
-
 func (n *near[V]) close() {
 	n.track.close()
 	n.store.InvalidateAll()

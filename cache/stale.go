@@ -64,16 +64,23 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time, head []byte) 
 // however many processes read the key, while still spreading the refreshes
 // of values written together.
 func (c *config) xfetch(f freshness, now time.Time, head []byte) bool {
-	left := float64(f.expiry.Sub(now))
-	load := float64(f.load)
-	if left <= load {
+	left := f.expiry.Sub(now)
+	if left <= f.load {
 		return true
 	}
-	scale := load * c.beta
-	if left > 45*scale { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
+	if float64(left) > 45*float64(f.load)*c.beta { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
 		return false
 	}
-	return scale*-math.Log(drawFor(head)) >= left
+	return refreshLead(c.beta, f, head) >= left
+}
+
+// refreshLead is how long before its expiry a record is due for early
+// refresh: load*max(1, beta*-ln(u)), u its draw (one load without a head).
+func refreshLead(beta float64, f freshness, head []byte) time.Duration {
+	if head == nil {
+		return f.load
+	}
+	return time.Duration(float64(f.load) * max(1, beta*-math.Log(drawFor(head))))
 }
 
 // drawFor returns the XFetch draw of the record whose header and metadata
