@@ -75,7 +75,7 @@ func benchBatch(b *testing.B, admin *redis.Client, addr, impl string, delay time
 	defer rdb.Close()
 	var rt roundTrips
 	rdb.AddHook(&rt)
-	c := cache.New[Product](rdb, cache.WithTTL(time.Hour), cache.WithoutJitter())
+	c := cache.New[Product](rdb, cache.WithTTL(time.Hour), cache.WithoutJitter(), cache.WithoutNearCache()) // it counts round trips
 	defer c.Close()
 
 	prefix := "bench:batch:" + nonce() + ":"

@@ -249,8 +249,9 @@ func (r *redislockPollInst) Get(ctx context.Context, key string, load loadFunc) 
 	return v, r.seed(ctx, key, v)
 }
 
-// stampedeInst is this module's cache with its defaults, except jitter:
-// the other libraries store exactly the TTL, so this one does too.
+// stampedeInst is this module's cache with its defaults, except jitter
+// (the other libraries store exactly the TTL, so this one does too) and the
+// near cache, off unless a row asks for it: "stampede" is the Redis path.
 type stampedeInst struct {
 	rdb *redis.Client
 	c   *cache.Cache[Product]
@@ -264,7 +265,7 @@ func openStampede(addr string, ttl time.Duration) (instance, error) {
 // BenchmarkRefresh and BenchmarkStale turn features on and off with them.
 func openStampedeWith(addr string, ttl time.Duration, opts ...cache.Option) (*stampedeInst, error) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	opts = append([]cache.Option{cache.WithTTL(ttl), cache.WithoutJitter()}, opts...)
+	opts = append([]cache.Option{cache.WithTTL(ttl), cache.WithoutJitter(), cache.WithoutNearCache()}, opts...)
 	return &stampedeInst{rdb: rdb, c: cache.New[Product](rdb, opts...)}, nil
 }
 

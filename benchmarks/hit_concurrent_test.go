@@ -142,7 +142,7 @@ func BenchmarkHitConcurrentCluster(b *testing.B) {
 				in = &rawClusterInst{rdb: redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})}
 			case "stampede":
 				rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-				in = &stampedeClusterInst{rdb: rdb, c: cache.New[Product](rdb, cache.WithTTL(time.Hour), cache.WithoutJitter())}
+				in = &stampedeClusterInst{rdb: rdb, c: cache.New[Product](rdb, cache.WithTTL(time.Hour), cache.WithoutJitter(), cache.WithoutNearCache())}
 			default:
 				var err error
 				if in, err = openRueidisAside(false)(addrs[0], time.Hour); err != nil {

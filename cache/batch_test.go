@@ -249,7 +249,7 @@ func TestGetOrLoadManyReloadsMissingScripts(t *testing.T) {
 	rdb := redistest.Client(t, srv.Addr)
 	require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
 	rounds := recordRounds(rdb)
-	c := New[product](rdb)
+	c := New[product](rdb, WithoutNearCache()) // counts every script the client sends
 	keys := names("", 4)
 	src := &source{}
 	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
@@ -305,7 +305,7 @@ func TestGetOrLoadManyInstancesOnOverlappingKeysLoadEachKeyOnce(t *testing.T) {
 func TestGetOrLoadManySharesItsLoadWithGetOrLoad(t *testing.T) {
 	rdb, p := setup(t)
 	loadBatchScripts(t, rdb)
-	c := New[product](rdb)
+	c := New[product](rdb, WithoutNearCache()) // counts every script the client sends
 	keys := names(p, 5)
 	src := &source{entered: make(chan struct{}), release: make(chan struct{})}
 	done := make(chan error, 1)

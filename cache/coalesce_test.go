@@ -91,7 +91,7 @@ func queued(t *testing.T, co *coalescer, n int) {
 // GETs.
 func TestConcurrentReadsGoOutAsOneMGet(t *testing.T) {
 	rdb, p := setup(t)
-	c := New[product](rdb)
+	c := New[product](rdb, WithoutNearCache()) // the Redis read path; it adds hooks to a client in use
 	keys := make([]string, 50)
 	for i := range keys {
 		keys[i] = p + strconv.Itoa(i)
@@ -173,7 +173,7 @@ func TestBatchInFlightDoesNotServeLaterCallers(t *testing.T) {
 // the other still gets its value from the same MGET.
 func TestReaderLeavesWhenItsCtxEndsDuringABatch(t *testing.T) {
 	rdb, p := setup(t)
-	c := New[string](rdb)
+	c := New[string](rdb, WithoutNearCache()) // the Redis read path; it adds hooks to a client in use
 	k1, k2 := p+"k1", p+"k2"
 	require.NoError(t, c.Set(t.Context(), k1, "v1"))
 	require.NoError(t, c.Set(t.Context(), k2, "v2"))

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/lease"
 )
 
 // invalidateChannel is where Redis sends RESP2 tracking invalidations.
@@ -51,10 +52,31 @@ type tracker struct {
 	epoch atomic.Uint64                   // every drop of everything
 	ready atomic.Bool                     // every node is subscribed and nothing is in doubt
 
-	mu    sync.Mutex       // protects nodes
-	nodes map[string]*node // by address
-	stop  context.CancelFunc
-	done  sync.WaitGroup
+	mu     sync.Mutex       // protects nodes
+	nodes  map[string]*node // by address
+	nnodes atomic.Int32     // len(nodes)
+	stop   context.CancelFunc
+	done   sync.WaitGroup
+
+	// Strict coherence (lease.go, confirm.go).
+	id         string        // names this holder's lease and its acknowledgement channel
+	leaseKey   string        // the prefix's lease registry
+	markCh     string        // where writers' markers come (cluster, Ring)
+	nonceKey   string        // what writers' marker keys begin with (single server)
+	ackCh      string        // where this writer's acknowledgements come
+	lease      time.Duration // see WithNearLease
+	leaseUntil atomic.Int64  // nanotime until which memory may be served
+	renewNow   chan struct{} // the tracker became ready: renew at once
+	pingGen    atomic.Uint64 // the last renewal's number, sent in its PINGs
+	pongs      chan struct{} // a renewal's PONG came
+	onLapse    func(holder string)
+
+	seq     atomic.Uint64 // this writer's writes
+	pmu     sync.Mutex
+	pending map[string]*confirmation // protected by pmu; by write number
+	mmu     sync.Mutex
+	marks   map[string]int // protected by mmu; markers seen on some connections: how many
+	acks    chan string    // markers to acknowledge
 }
 
 // node is the tracking connection to one master or shard.
@@ -62,8 +84,9 @@ type node struct {
 	addr    string
 	client  *redis.Client
 	sub     *redis.PubSub
-	subbed  atomic.Bool  // its subscription is confirmed since the last loss
-	id      atomic.Int64 // the connection's CLIENT ID, for operators and tests
+	subbed  atomic.Bool   // its subscription is confirmed since the last loss
+	id      atomic.Int64  // the connection's CLIENT ID, for operators and tests
+	pong    atomic.Uint64 // the last lease renewal this connection answered
 	stopped chan struct{}
 }
 
@@ -75,13 +98,26 @@ type ticket struct {
 	ok         bool // the tracker was ready when the ticket was taken
 }
 
-func newTracker(rdb redis.UniversalClient, prefix string, onDrop func(string, bool)) *tracker {
+func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, onDrop func(string, bool), onLapse func(string)) *tracker {
 	ctx, cancel := context.WithCancel(context.Background())
-	t := &tracker{rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), onDrop: onDrop, nodes: map[string]*node{}, stop: cancel}
-	t.done.Add(1)
+	t := &tracker{
+		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), onDrop: onDrop, nodes: map[string]*node{}, stop: cancel,
+		id: lease.NewToken(), leaseKey: leaseKey(prefix), lease: leaseLen, onLapse: onLapse, markCh: markChannel(prefix), nonceKey: markKeyPrefix(prefix),
+		renewNow: make(chan struct{}, 1), pongs: make(chan struct{}, 1),
+		pending: map[string]*confirmation{}, marks: map[string]int{}, acks: make(chan string, 4096),
+	}
+	t.ackCh = ackChannel(prefix, t.id)
+	t.done.Add(3)
 	go t.watch(ctx)
+	go t.renewLoop(ctx)
+	go t.ackLoop(ctx)
 	return t
 }
+
+// channels are what every tracking connection subscribes: the markers and
+// this writer's acknowledgements before the invalidations, so that both are
+// confirmed when the tracker becomes sure.
+func (t *tracker) channels() []string { return []string{t.markCh, t.ackCh, invalidateChannel} }
 
 func (t *tracker) stripe(key string) uint32 {
 	return uint32(maphash.String(t.seed, key) % coherenceStripes)
@@ -116,6 +152,7 @@ func (t *tracker) dropAll(lost bool) {
 	}
 	t.epoch.Add(1)
 	t.onDrop("", true)
+	t.ackAll() // nothing old is left in memory
 }
 
 // watch keeps a node per master (per shard on a Ring) until Close.
@@ -156,6 +193,7 @@ func (t *tracker) sync(ctx context.Context) {
 			t.stopNode(n)
 		}
 	}
+	t.nnodes.Store(int32(len(t.nodes)))
 	t.mu.Unlock()
 	if changed {
 		t.dropAll(true)
@@ -173,6 +211,10 @@ func (t *tracker) settle() {
 	}
 	if all && !t.ready.Load() {
 		t.ready.Store(true)
+		select { // serve only once the lease is renewed over these connections
+		case t.renewNow <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -242,7 +284,7 @@ func (t *tracker) startNode(ctx context.Context, addr string, base *redis.Option
 		return cmd.Err()
 	}
 	n.client = redis.NewClient(&opt)
-	n.sub = n.client.Subscribe(ctx, invalidateChannel)
+	n.sub = n.client.Subscribe(ctx, t.channels()...)
 	t.done.Add(1)
 	go t.receive(ctx, n)
 	return n
@@ -283,15 +325,33 @@ func (t *tracker) receive(ctx context.Context, n *node) {
 			continue
 		case *redis.Message:
 			pinged = false
-			for _, k := range m.PayloadSlice {
-				t.invalidate(k)
+			switch m.Channel {
+			case t.markCh:
+				t.marked(m.Payload)
+				continue
+			case t.ackCh:
+				t.acked(m.Payload)
+				continue
 			}
-			if m.Payload != "" {
-				t.invalidate(m.Payload)
+			var marks []string
+			for _, k := range append(m.PayloadSlice, m.Payload) {
+				switch {
+				case k == "":
+				case strings.HasPrefix(k, t.nonceKey):
+					marks = append(marks, k[len(t.nonceKey):])
+				default:
+					t.invalidate(k)
+				}
+			}
+			for _, mk := range marks { // after the keys they follow
+				t.marked(mk)
 			}
 			continue
 		case *redis.Pong:
 			pinged = false
+			if strings.HasPrefix(m.Payload, "lease:") {
+				t.pong(n, m.Payload)
+			}
 			continue
 		}
 		var nerr net.Error
@@ -315,7 +375,7 @@ func (t *tracker) receive(ctx context.Context, n *node) {
 			_ = n.sub.Close() // a silent connection: start over on a new one
 			t.mu.Lock()
 			if cur, ok := t.nodes[n.addr]; ok && cur == n {
-				n.sub = n.client.Subscribe(ctx, invalidateChannel)
+				n.sub = n.client.Subscribe(ctx, t.channels()...)
 			}
 			t.mu.Unlock()
 		}
@@ -331,6 +391,8 @@ func (t *tracker) receive(ctx context.Context, n *node) {
 
 // close stops every node and waits for the goroutines.
 func (t *tracker) close() {
+	t.ready.Store(false) // nothing served from here on, before the lease is given back
+	t.leaseUntil.Store(0)
 	t.stop()
 	t.mu.Lock()
 	for _, n := range t.nodes {
@@ -339,5 +401,5 @@ func (t *tracker) close() {
 	t.nodes = map[string]*node{}
 	t.mu.Unlock()
 	t.done.Wait()
-	t.ready.Store(false)
+	t.resign()
 }

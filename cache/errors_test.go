@@ -31,7 +31,7 @@ func (c *cmdCounter) total() int {
 func TestEndedContextDoesNoWork(t *testing.T) {
 	rdb, p := setup(t)
 	cmds := countCommands(rdb)
-	c := New[product](rdb)
+	c := New[product](rdb, WithoutNearCache()) // counts every command the client sends
 	cancelled, cancel := context.WithCancel(t.Context())
 	cancel()
 	expired, cancel2 := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))

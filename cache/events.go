@@ -68,6 +68,11 @@ const (
 	// miss, to be replaced. Err: the codec's error. The error hook hears of
 	// it too, once per key (per Cache, up to 1024 keys remembered).
 	EventDecodeError
+	// EventNearLeaseWait: a Delete or Set waited out the coherence lease of
+	// a process whose near cache did not acknowledge the write (frozen, cut
+	// off, its connection lost) instead of its acknowledgement. Key: that
+	// process's holder id.
+	EventNearLeaseWait
 )
 
 var eventNames = [...]string{
@@ -76,6 +81,7 @@ var eventNames = [...]string{
 	EventRefresh: "refresh", EventRedisError: "redis_error", EventBreakerOpen: "breaker_open",
 	EventBreakerClose: "breaker_close", EventNearHit: "near_hit", EventNearInvalidation: "near_invalidation",
 	EventNearEviction: "near_eviction", EventNearDrop: "near_drop", EventDecodeError: "decode_error",
+	EventNearLeaseWait: "near_lease_wait",
 }
 
 // String returns the kind's snake_case name, for metric and log labels.

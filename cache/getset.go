@@ -108,13 +108,8 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption)
 		ttl = o.ttl
 	}
 	record, px := c.record(data, 0, ttl)
-	for attempt := 1; ; attempt++ {
-		err := setScript.Run(ctx, c.rdb, []string{key, LockKey(key)}, record, px.Milliseconds(), c.notify.channel(key)).Err()
-		if c.redisCall(key, err) == errNone {
-			return nil
-		}
-		if c.classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
-			return fmt.Errorf("cache: redis: %w", err)
-		}
-	}
+	keys, args := []string{key, LockKey(key)}, []any{record, px.Milliseconds(), c.notify.channel(key)}
+	return c.writeConfirmed(ctx, []string{key}, func(err error) errClass { return c.redisCall(key, err) },
+		func(p redis.Pipeliner) { p.Eval(ctx, setLua, keys, args...) },
+		func() error { return setScript.Run(ctx, c.rdb, keys, args...).Err() })
 }

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,8 @@ type Cache[V any] struct {
 	brk      *breaker           // share's
 	notify   *notifier          // share's: wakes waiters; nil: they poll
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
+	registry string             // the near caches' lease registry: a reserved key
+	markKeys string             // what writers' marker keys begin with: reserved
 
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
@@ -73,14 +76,16 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 		panic("cache: New: nil Redis client")
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
+	c.registry, c.markKeys = leaseKey(c.cfg.prefix), markKeyPrefix(c.cfg.prefix)
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.reads = newCoalescer(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
-	if c.cfg.near.on {
+	if c.cfg.near.on() && nearSupported(rdb) {
 		c.near = newNear(c)
+		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too
 	}
 	return c
 }
@@ -326,15 +331,9 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 			c.group.Forget(k) // later callers must not join a flight that began before the delete
 		}
 	}()
-	for attempt := 1; ; attempt++ {
-		err := c.del(ctx, full)
-		if err == nil {
-			return nil
-		}
-		if c.classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
-			return fmt.Errorf("cache: redis: %w", err)
-		}
-	}
+	return c.writeConfirmed(ctx, full, c.classify,
+		func(p redis.Pipeliner) { delCmds(ctx, p, full) },
+		func() error { return c.del(ctx, full) })
 }
 
 // del removes keys and their locks: on a cluster with single-key commands,
@@ -360,11 +359,15 @@ func (c *Cache[V]) del(ctx context.Context, keys []string) error {
 			}
 		})
 	}
-	return pipe(func(p redis.Pipeliner) {
-		for _, k := range keys {
-			p.Del(ctx, k, LockKey(k))
-		}
-	})
+	return pipe(func(p redis.Pipeliner) { delCmds(ctx, p, keys) })
+}
+
+// delCmds deletes keys with their locks, one DEL per key (which a Ring
+// routes by the value key, where the lock lives).
+func delCmds(ctx context.Context, p redis.Pipeliner, keys []string) {
+	for _, k := range keys {
+		p.Del(ctx, k, LockKey(k))
+	}
 }
 
 // key checks a caller's key and returns it with the prefix.
@@ -373,7 +376,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 		return "", ErrEmptyKey
 	}
 	k = c.cfg.prefix + k
-	if isLockName(k) {
+	if isLockName(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) {
 		return "", fmt.Errorf("%w: %q", ErrReservedKey, k)
 	}
 	return k, nil

@@ -47,7 +47,7 @@ func TestGetOrLoadColdKeyLoadsOnceFor300Goroutines(t *testing.T) {
 func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "hot"
-	c := New[product](rdb)
+	c := New[product](rdb, WithoutNearCache()) // it counts GETs, and adds hooks to a client in use
 	_, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
 	require.NoError(t, err)
 
@@ -552,7 +552,7 @@ func TestGetOrLoadBadInput(t *testing.T) {
 
 func TestGetOrLoadPrefixAndTTL(t *testing.T) {
 	rdb, p := setup(t)
-	c := New[product](rdb, WithPrefix(p), WithTTL(10*time.Second), WithoutJitter())
+	c := New[product](rdb, WithPrefix(p), WithTTL(10*time.Second), WithoutJitter(), WithoutNearCache()) // the near cache's metadata keeps records a little longer
 	_, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
 	require.NoError(t, err)
 	ttl := rdb.PTTL(t.Context(), p+"k").Val()
@@ -707,7 +707,7 @@ func TestGetOrLoadCallersMergedOnAHitGetTheirOwnCopy(t *testing.T) {
 	// other caller merged on that read must decode a copy of its own.
 	rdb, p := setup(t)
 	key := p + "k"
-	c := New[product](rdb)
+	c := New[product](rdb, WithoutNearCache()) // it counts GETs, and adds hooks to a client in use
 	_, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
 	require.NoError(t, err)
 	cmds := countCommands(rdb)

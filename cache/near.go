@@ -6,12 +6,15 @@
 package cache
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/maypok86/otter/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 // nearEntryOverhead is what an entry costs besides its key and payload: the
@@ -21,28 +24,54 @@ const nearEntryOverhead = 210
 
 // Near-cache defaults.
 const (
+	// defaultNearBytes is the budget of a Cache's near cache when
+	// WithNearCache does not set one: 32 MiB holds about 100,000 entries of
+	// a few hundred bytes (each costs its key, its payload and about 210
+	// bytes of bookkeeping), which is the hot set of most services, and is
+	// small next to a Go service's heap. W-TinyLFU keeps the hot keys within
+	// it whatever the size of the keyspace.
+	defaultNearBytes  = 32 << 20
 	defaultNearMaxAge = 2 * time.Second
 )
 
-// WithNearCache keeps fresh values in process memory, up to maxBytes (keys,
-// payloads and a per-entry overhead counted), so that hits of hot keys need
-// no Redis round trip. Off by default.
+// nearByDefault is whether a Cache keeps a near cache when no option says;
+// the protocol tests, which count Redis commands, turn it off.
+var nearByDefault = true
+
+// WithNearCache sets the byte budget of the near cache (keys, payloads and
+// a per-entry overhead counted). The near cache is on by default, with a
+// budget of 32 MiB; [WithoutNearCache] turns it off.
 //
-// Coherence: a value is dropped from every process's memory when anything
-// writes or deletes its key in Redis (this library in any process, another
-// program, redis-cli, an expiry or an eviction), through Redis client-side
-// caching in broadcast mode on one extra connection per master; give the
-// cache a prefix ([WithPrefix]) so that only its own keys are reported. The
-// drop reaches other processes within a network delay, not before Delete or
-// Set returns: with the near cache on, a GetOrLoad in another process that
-// begins right after a Delete returned may still get the old value from
-// memory, for about a round trip (this process's own Delete and Set drop
-// the key before they return). While a process cannot be sure it receives
-// invalidations (a lost or silent connection, a reconnect, a change of
-// masters, the circuit breaker open), it drops everything and reads through
-// Redis until it is sure again. Nothing is kept longer than its TTL nor than
-// [WithNearMaxAge], which bounds the harm of an invalidation lost without
-// the connection noticing.
+// The near cache keeps fresh values in process memory, so that hits of hot
+// keys need no Redis round trip, and it keeps read-after-write: a
+// GetOrLoad or Get that begins after a Delete or Set returned, in any
+// process, does not get the old value from memory. Two mechanisms make it
+// so:
+//
+//   - Invalidations: a value is dropped from every process's memory when
+//     anything writes or deletes its key in Redis (this library in any
+//     process, another program, redis-cli, an expiry or an eviction),
+//     through Redis client-side caching in broadcast mode on one extra
+//     connection per master. Give the cache a prefix ([WithPrefix]) so that
+//     only its own keys are reported.
+//   - Leases: Delete and Set return only once every other process whose
+//     near cache may hold the key has acknowledged the invalidation, or its
+//     coherence lease ([WithNearLease], 1s) has run out; a process serves
+//     memory only while its lease runs, and renews it by proving, on its
+//     invalidation connections, that it received everything sent before.
+//     A write therefore also waits for the acknowledgements: a hop from
+//     Redis to each other process and back (on a cluster, one more Redis
+//     call too), measured at 3 to 7 round trips on a 2-core machine running
+//     every process (BENCHMARKS.md), and up to one lease while a process is
+//     frozen or cut off.
+//
+// Writes by other programs (redis-cli, a script) are dropped as soon as
+// their invalidation arrives but are not waited for; nor are the values
+// that loads and refreshes store. While a process cannot be sure it
+// receives invalidations (a lost or silent connection, a reconnect, a
+// change of masters, the circuit breaker open, its lease not renewed), it
+// reads through Redis. Nothing is kept longer than its TTL nor than
+// [WithNearMaxAge].
 //
 // Only values whose record carries its expiry are kept: the near cache
 // turns on the freshness metadata that early refresh and stale serving use.
@@ -52,17 +81,29 @@ const (
 // Each caller gets its own copy: decoded from the stored bytes (no network,
 // but a decode per hit), or, when V (or *V) has a method Clone() V, a clone
 // of the value decoded once, which is much cheaper than a decode;
-// [WithNearShared] hands out one decoded value instead. Supported clients: *redis.Client (including a failover client),
-// *redis.ClusterClient (a connection per master) and *redis.Ring (one per
-// shard). Requires Redis 6.0 or later (CLIENT TRACKING).
+// [WithNearShared] hands out one decoded value instead. Supported clients:
+// *redis.Client (including a failover client), *redis.ClusterClient (a
+// connection per master) and *redis.Ring (one per shard); on other
+// UniversalClients the near cache is off. Requires Redis 6.0 or later
+// (CLIENT TRACKING, and TIME and PUBLISH in scripts).
 func WithNearCache(maxBytes int64) Option {
-	return func(c *config) { c.near.on, c.near.maxBytes = true, maxBytes }
+	return func(c *config) { c.near.set, c.near.off, c.near.maxBytes = true, false, maxBytes }
+}
+
+// WithoutNearCache turns the near cache off: every read goes to Redis, and
+// Delete and Set return once Redis has applied them, without waiting for
+// near caches. Turn it off in every process of a prefix or in none: the
+// writes of a process without it do not wait for the near caches of the
+// others, which may then serve the old value for a network delay after the
+// write returned.
+func WithoutNearCache() Option {
+	return func(c *config) { c.near.set, c.near.off = false, true }
 }
 
 // WithNearMaxAge bounds how long a value stays in the near cache after it
 // was read from Redis, whatever its TTL: the longest an old value can be
 // served if an invalidation is lost without its connection noticing.
-// Default: 2s. It has no effect without [WithNearCache].
+// Default: 2s. It has no effect without the near cache.
 func WithNearMaxAge(d time.Duration) Option {
 	return func(c *config) { c.near.maxAge, c.near.maxAgeSet = d, true }
 }
@@ -71,31 +112,46 @@ func WithNearMaxAge(d time.Duration) Option {
 // memory, shared by every caller, instead of decoding a copy for each: the
 // fastest path, for values that callers treat as read-only (a caller that
 // modifies a map, slice or pointer in it changes what every other caller
-// gets). It has no effect without [WithNearCache].
+// gets). It has no effect without the near cache.
 func WithNearShared() Option {
 	return func(c *config) { c.near.shared = true }
 }
 
 // nearConfig is the near cache's part of config.
 type nearConfig struct {
-	on        bool
+	set       bool // WithNearCache
+	off       bool // WithoutNearCache
 	maxBytes  int64
 	maxAge    time.Duration // see WithNearMaxAge; set by validate when not given
 	maxAgeSet bool
+	lease     time.Duration // see WithNearLease; set by validate when not given
+	leaseSet  bool
 	shared    bool
 }
+
+// on reports whether the Cache keeps a near cache.
+func (n *nearConfig) on() bool { return n.set || nearByDefault && !n.off }
 
 // validate checks the near-cache options and fills in the defaults.
 func (n *nearConfig) validate() error {
 	switch {
-	case !n.on:
+	case !n.on():
 		return nil
-	case n.maxBytes <= 0:
+	case n.set && n.maxBytes <= 0:
 		return fmt.Errorf("cache: WithNearCache(%d): maxBytes must be positive", n.maxBytes)
 	case n.maxAgeSet && n.maxAge <= 0:
 		return fmt.Errorf("cache: WithNearMaxAge(%v): duration must be positive", n.maxAge)
-	case !n.maxAgeSet:
+	case n.leaseSet && n.lease < 40*time.Millisecond:
+		return fmt.Errorf("cache: WithNearLease(%v): a lease shorter than 40ms cannot be renewed reliably", n.lease)
+	}
+	if !n.set {
+		n.maxBytes = defaultNearBytes
+	}
+	if !n.maxAgeSet {
 		n.maxAge = defaultNearMaxAge
+	}
+	if !n.leaseSet {
+		n.lease = defaultNearLease
 	}
 	return nil
 }
@@ -118,9 +174,15 @@ type near[V any] struct {
 	shared bool // hand out e.v itself
 	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
+
+	closeOnce sync.Once
 }
 
+// newNear makes c's near cache. It holds no reference to c (its callbacks
+// use a copy of the config), so that a Cache dropped without Close can be
+// collected, and its cleanup can close the near cache.
 func newNear[V any](c *Cache[V]) *near[V] {
+	cfg := c.cfg
 	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix}
 	_, n.clones = any((*V)(nil)).(cloner[V])
 	n.store = otter.Must(&otter.Options[string, *nearEntry[V]]{
@@ -133,14 +195,16 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		}),
 		OnDeletion: func(e otter.DeletionEvent[string, *nearEntry[V]]) {
 			if e.Cause == otter.CauseOverflow {
-				c.cfg.emit(EventNearEviction, e.Key, 0, nil)
+				cfg.emit(EventNearEviction, e.Key, 0, nil)
 			}
 		},
 	})
-	n.track = newTracker(c.rdb, c.cfg.prefix, func(key string, all bool) {
+	n.track = newTracker(c.rdb, cfg.prefix, cfg.near.lease, func(key string, all bool) {
 		if all {
-			n.store.InvalidateAll()
-			c.cfg.emit(EventNearDrop, "", 0, nil)
+			if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
+				n.store.InvalidateAll()
+				cfg.emit(EventNearDrop, "", 0, nil)
+			}
 			return
 		}
 		local, ok := strings.CutPrefix(key, n.prefix)
@@ -148,8 +212,10 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			return // another program's key (a cache without a prefix tracks all)
 		}
 		if _, ok := n.store.Invalidate(local); ok {
-			c.cfg.emit(EventNearInvalidation, key, 0, nil)
+			cfg.emit(EventNearInvalidation, key, 0, nil)
 		}
+	}, func(holder string) {
+		cfg.emit(EventNearLeaseWait, holder, 0, nil)
 	})
 	return n
 }
@@ -158,7 +224,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 // memory, if it is there, fresh, and the tracker is sure of its
 // invalidations.
 func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
-	if !n.track.ready.Load() || c.brk.open() {
+	if !n.track.leaseHeld() || c.brk.open() {
 		return v, false
 	}
 	e, ok := n.store.GetIfPresent(key)
@@ -212,9 +278,56 @@ func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
 }
 
 func (n *near[V]) close() {
-	n.track.close()
-	n.store.InvalidateAll()
-	n.store.StopAllGoroutines()
+	n.closeOnce.Do(func() {
+		n.track.close()
+		n.store.InvalidateAll()
+		n.store.StopAllGoroutines()
+	})
+}
+
+// nearSupported reports whether the near cache can track rdb's masters.
+func nearSupported(rdb redis.UniversalClient) bool {
+	switch rdb.(type) {
+	case *redis.Client, *redis.ClusterClient, *redis.Ring:
+		return true
+	}
+	return false
+}
+
+// writeConfirmed runs a write of keys (keys[0] names it in errors) within
+// the retry budget, outcome classifying its errors, and with a near cache
+// its confirmation (confirm.go): on a single server the write's commands
+// (pipe) and the confirmation in one pipeline, elsewhere the write (direct)
+// and then the confirmation. Once the write is done, this process's memory
+// drops keys before the wait for the others.
+func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome func(error) errClass, pipe func(redis.Pipeliner), direct func() error) error {
+	for attempt := 1; ; attempt++ {
+		var wait func() error
+		var err error
+		if c.near != nil && c.near.track.inline() {
+			wait, err = c.near.track.writeInline(ctx, pipe)
+		} else {
+			err = direct()
+		}
+		if outcome(err) == errNone {
+			c.nearDrop(keys...)
+			switch {
+			case c.near == nil:
+				return nil
+			case wait == nil:
+				err = c.near.track.confirm(ctx)
+			default:
+				err = wait()
+			}
+			if err != nil { // the write is done: say so
+				return fmt.Errorf("cache: %q written, but near caches not confirmed: %w", keys[0], err)
+			}
+			return nil
+		}
+		if c.classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
+			return fmt.Errorf("cache: redis: %w", err)
+		}
+	}
 }
 
 // nearTicket takes a ticket for a read of key (a zero one without a near

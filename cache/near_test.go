@@ -28,7 +28,7 @@ type events struct{ n [64]atomic.Int64 }
 func (e *events) observe(ev Event)      { e.n[ev.Kind].Add(1) }
 func (e *events) get(k EventKind) int64 { return e.n[k].Load() }
 func (e *events) option() Option        { return WithObserver(e.observe) }
-func nearReady[V any](c *Cache[V]) bool { return c.near.track.ready.Load() }
+func nearReady[V any](c *Cache[V]) bool { return c.near.track.leaseHeld() } // serving: sure and leased
 func nearHas[V any](c *Cache[V], k string) bool {
 	_, ok := c.near.store.GetIfPresent(k)
 	return ok
@@ -57,10 +57,24 @@ func newNearCache(t *testing.T, prefix string, opts ...Option) (*Cache[product],
 	return c, rdb, ev
 }
 
+// newNearCacheCounting is newNearCache with a command counter on its
+// client, added before the Cache exists: the near cache's goroutines use the
+// client at once, and go-redis before v9.6 does not allow adding a hook to a
+// client in use.
+func newNearCacheCounting(t *testing.T, prefix string) (*Cache[product], *cmdCounter, *events) {
+	t.Helper()
+	rdb := redistest.Client(t, redistest.Addr(t))
+	cmds := countCommands(rdb)
+	ev := &events{}
+	c := New[product](rdb, WithPrefix(prefix), WithNearCache(1<<20), ev.option())
+	t.Cleanup(func() { c.Close() })
+	require.True(t, eventually(func() bool { return nearReady(c) }), "the near cache never became sure of its invalidations")
+	return c, cmds, ev
+}
+
 func TestNearCacheServesHitsFromMemory(t *testing.T) {
 	_, p := setup(t)
-	c, rdb, ev := newNearCache(t, p)
-	gets := countCommands(rdb)
+	c, gets, ev := newNearCacheCounting(t, p)
 	src := &counter{}
 	for range 100 {
 		v, err := c.GetOrLoad(t.Context(), "k", src.load)
@@ -83,9 +97,8 @@ func TestNearCacheServesHitsFromMemory(t *testing.T) {
 
 func TestNearCacheServesGet(t *testing.T) {
 	_, p := setup(t)
-	c, rdb, ev := newNearCache(t, p)
+	c, gets, ev := newNearCacheCounting(t, p)
 	require.NoError(t, c.Set(t.Context(), "k", product{ID: "set"}))
-	gets := countCommands(rdb)
 	for range 50 {
 		v, err := c.Get(t.Context(), "k")
 		require.NoError(t, err)
@@ -416,4 +429,19 @@ func TestNearCacheClonesValuesThatCloneThemselves(t *testing.T) {
 	assert.Equal(t, "yes", b.Tags["sale"], "a caller's change reached another caller")
 	assert.Equal(t, before+2, clones.Load(), "near hits must clone, not decode")
 	assert.GreaterOrEqual(t, ev.get(EventNearHit), int64(2))
+}
+
+// A Cache dropped without Close gives its near cache back when collected:
+// its tracking connections and goroutines end.
+func TestNearCacheOfADroppedCacheEnds(t *testing.T) {
+	rdb, p := setup(t)
+	before := runtime.NumGoroutine()
+	func() {
+		c := New[product](rdb, WithPrefix(p))
+		require.True(t, eventually(func() bool { return nearReady(c) }))
+	}()
+	assert.True(t, eventually(func() bool {
+		runtime.GC()
+		return runtime.NumGoroutine() <= before
+	}), "goroutines: %d before, %d after the Cache was dropped", before, runtime.NumGoroutine())
 }

@@ -466,7 +466,7 @@ func TestWaiterPollsWhenSubscriptionHangs(t *testing.T) {
 	hook := &readOrLockHook{}
 	wdb.AddHook(hook)
 	var woken atomic.Int64
-	c := New[product](wdb, WithRetry(100, backoff), eventCount(EventWoken, &woken))
+	c := New[product](wdb, WithRetry(100, backoff), eventCount(EventWoken, &woken), WithoutNearCache()) // counts subscribed connections
 	t.Cleanup(func() { _ = c.Close() })
 
 	round := func(key string) (wakes int64) {
@@ -543,7 +543,7 @@ func TestSubscriptionSurvivesASlowDial(t *testing.T) {
 	})
 	defer slow.Close()
 	var woken atomic.Int64
-	c := New[product](slow, WithRetry(100, backoff), eventCount(EventWoken, &woken))
+	c := New[product](slow, WithRetry(100, backoff), eventCount(EventWoken, &woken), WithoutNearCache()) // counts dials
 	defer c.Close()
 	h := startHolder(t, rdb.Options().Addr, key, false)
 	got := make(chan product, 1)

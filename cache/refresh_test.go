@@ -67,7 +67,7 @@ func TestEarlyRefreshReloadsBeforeExpiry(t *testing.T) {
 func TestEarlyRefreshOffNeverRefreshes(t *testing.T) {
 	rdb, p := setup(t)
 	var ev eventCounts
-	c := New[product](rdb, WithTTL(time.Minute), WithEarlyRefresh(0), WithObserver(ev.observe))
+	c := New[product](rdb, WithTTL(time.Minute), WithEarlyRefresh(0), WithObserver(ev.observe), WithoutNearCache()) // the near cache turns the metadata on
 	src := &counter{}
 	for range 50 {
 		_, err := c.GetOrLoad(t.Context(), p+"k", src.load)

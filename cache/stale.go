@@ -114,7 +114,7 @@ func (c *config) keep(load time.Duration) time.Duration {
 
 // withFreshness reports whether records carry freshness metadata: only
 // when something reads it.
-func (c *config) withFreshness() bool { return c.beta > 0 || c.stale > 0 || c.near.on }
+func (c *config) withFreshness() bool { return c.beta > 0 || c.stale > 0 || c.near.on() }
 
 // ResultInfo tells a caller about the value [Cache.GetOrLoad] or [Cache.Get]
 // returned; see [WithResultInfo].

@@ -32,6 +32,7 @@
 //	cache.near.hits           counter    {hit}         a value served from the near cache, no Redis call
 //	cache.near.removals       counter    {entry}       cache.near.reason = invalidation | eviction
 //	cache.near.drops          counter    {drop}        the near cache emptied: invalidations may have been missed
+//	cache.near.lease_waits    counter    {wait}        a Delete or Set waited out another process's near-cache lease
 //	cache.load.duration       histogram  s             cache.outcome = ok | not_found | error
 //	cache.wait.duration       histogram  s             cache.outcome = ok | error
 //	cache.refresh.duration    histogram  s             cache.outcome = ok | not_found | error

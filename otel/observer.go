@@ -86,6 +86,8 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 		nearHits:    counter("cache.near.hits", "{hit}", "Values served from the near cache in process memory, with no Redis call (not counted in cache.lookups)."),
 		nearRemoved: counter("cache.near.removals", "{entry}", "Keys removed from the near cache, by reason: a write invalidated them, or the byte budget evicted them."),
 		nearDrops:   counter("cache.near.drops", "{drop}", "Times the whole near cache was emptied: invalidations could have been missed, or Redis was flushed."),
+		nearLeaseWaits: counter("cache.near.lease_waits", "{wait}",
+			"Deletes and Sets that waited out another process's near-cache lease (frozen, cut off) instead of its acknowledgement."),
 		loadTime:    histogram("cache.load.duration", "Duration of the loader's calls, by outcome."),
 		waitTime:    histogram("cache.wait.duration", "Duration of waits for another holder's load, by outcome."),
 		refreshTime: histogram("cache.refresh.duration", "Duration of background refreshes, by outcome."),
@@ -119,7 +121,7 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 // for concurrent use.
 type observer struct {
 	lookups, contentions, woken, lockLost, staleServed, redisErrors, breaker metric.Int64Counter
-	nearHits, nearRemoved, nearDrops                                         metric.Int64Counter
+	nearHits, nearRemoved, nearDrops, nearLeaseWaits                         metric.Int64Counter
 	loadTime, waitTime, refreshTime                                          metric.Float64Histogram
 
 	plain, hit, miss, staleRefreshing, staleError, breakerOpen, breakerClosed []metric.AddOption
@@ -168,6 +170,8 @@ func (o *observer) observe(e cache.Event) {
 		o.nearRemoved.Add(ctx, 1, o.nearEvicted...)
 	case cache.EventNearDrop:
 		o.nearDrops.Add(ctx, 1, o.plain...)
+	case cache.EventNearLeaseWait:
+		o.nearLeaseWaits.Add(ctx, 1, o.plain...)
 	}
 }
 

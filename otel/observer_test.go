@@ -51,7 +51,8 @@ func TestObserverGetOrLoad(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rdb, p := setup(t)
 			m := newMeter(t)
-			c := cache.New[string](rdb, cache.WithPrefix(p), cache.WithObserver(m.observer(t, "products")))
+			// Without the near cache: the test counts lookups that reach Redis.
+			c := cache.New[string](rdb, cache.WithPrefix(p), cache.WithObserver(m.observer(t, "products")), cache.WithoutNearCache())
 			t.Cleanup(func() { _ = c.Close() })
 			var loaderCalls int
 			load := func(context.Context) (string, error) {
@@ -291,6 +292,7 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventNearInvalidation}, "cache.near.removals", []attribute.KeyValue{cacheotel.KeyNearReason.String("invalidation")}},
 		{cache.Event{Kind: cache.EventNearEviction}, "cache.near.removals", []attribute.KeyValue{cacheotel.KeyNearReason.String("eviction")}},
 		{cache.Event{Kind: cache.EventNearDrop}, "cache.near.drops", nil},
+		{cache.Event{Kind: cache.EventNearLeaseWait}, "cache.near.lease_waits", nil},
 		{cache.Event{Kind: 0}, "", nil},
 		{cache.Event{Kind: 200}, "", nil},
 	}

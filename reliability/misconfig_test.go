@@ -324,7 +324,7 @@ func TestCircuitBreakerOnAStalledLink(t *testing.T) {
 			rdb := newClient(t, px.Addr(), fastFail)
 			var hook commandCounter
 			rdb.AddHook(&hook)
-			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p))
+			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p), cache.WithoutNearCache()) // it counts the commands calls send
 			t.Cleanup(func() { _ = c.Close() })
 			p := redistest.Prefix(t, newClient(t, addr, nil))
 			src := newSource(0)

@@ -176,7 +176,7 @@ func TestNetworkLatencyDuringRefresh(t *testing.T) {
 	px := newProxy(t, addr)
 	key := redistest.Prefix(t, direct) + "k"
 	const lockTTL = 600 * time.Millisecond
-	opts := []cache.Option{cache.WithLockTTL(lockTTL), cache.WithRetry(300, 20*time.Millisecond)}
+	opts := []cache.Option{cache.WithLockTTL(lockTTL), cache.WithRetry(300, 20*time.Millisecond), cache.WithoutNearCache()} // the lock protocol through latency
 	a := cache.New[string](newClient(t, px.Addr(), nil), opts...)
 	b := cache.New[string](direct, opts...)
 

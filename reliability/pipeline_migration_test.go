@@ -238,7 +238,7 @@ func followsRedirects(t *testing.T, moved bool) {
 	} else {
 		time.AfterFunc(500*time.Millisecond, finish) // the batch waits out TRYAGAIN until then
 	}
-	c := cache.New[string](rdb, cache.WithFailurePolicy(cache.FailClosed), cache.WithRetry(100, 20*time.Millisecond))
+	c := cache.New[string](rdb, cache.WithFailurePolicy(cache.FailClosed), cache.WithRetry(100, 20*time.Millisecond), cache.WithoutNearCache()) // it counts scripts sent one by one
 	t.Cleanup(func() { _ = c.Close() })
 	keys := make([]string, 6)
 	for i := range keys {

@@ -124,9 +124,10 @@ func newInstance(ctx context.Context, spec instanceSpec, live *counters) (*insta
 		// No jitter: every strategy gets the same TTL, so their expiries line
 		// up. No early refresh: the demo compares what each strategy does when
 		// the hot key expires, and early refresh (on by default) reloads a hot
-		// key before it expires, so that it never does.
+		// key before it expires, so that it never does. No near cache: this
+		// row is the Redis path (stampede-near is the default's).
 		c := cache.New[Product](in.rdb, append([]cache.Option{
-			cache.WithTTL(spec.TTL), cache.WithoutJitter(), cache.WithEarlyRefresh(0),
+			cache.WithTTL(spec.TTL), cache.WithoutJitter(), cache.WithEarlyRefresh(0), cache.WithoutNearCache(),
 		}, cacheOptions[spec.Strategy]...)...)
 		in.get = func(ctx context.Context) (Product, error) { return c.GetOrLoad(ctx, spec.Key, in.load) }
 		in.closeCache = c.Close

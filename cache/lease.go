@@ -1,0 +1,163 @@
+// lease.go is the holder's side of strict coherence (Chubby's cache leases,
+// Burrows, OSDI 2006, section 2.5): a process serves its near cache only
+// while it holds a coherence lease, and a lease is renewed only by proving,
+// on every tracking connection, that the invalidations Redis sent before the
+// renewal have arrived. Writers (confirm.go) wait for each live holder's
+// acknowledgement of their write or for the end of its lease, so a process
+// that stops hearing Redis (frozen, partitioned, its subscription killed)
+// stops serving memory before any writer gives up on it.
+//
+// A renewal, every lease/4:
+//  1. t0 = now (local monotonic clock);
+//  2. a script on the prefix's registry writes this holder's lease end, the
+//     server's TIME plus the lease;
+//  3. a PING on every tracking connection: its PONG comes after every
+//     invalidation queued on that connection before the PING, and the PING
+//     left after step 2 was done;
+//  4. once every PONG is in, memory may be served until t0 + lease, less the
+//     clock-rate margin (the lease counts from before the server's TIME).
+//
+// A writer that read the registry after its write (confirm.go) finds every
+// holder that renewed before that read; a renewal after it pings after the
+// write, so its PONG follows the write's invalidation. Either way a holder
+// cannot serve the old value past what the writer waits for.
+
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/slot"
+)
+
+var (
+	//go:embed scripts/lease.lua
+	leaseLua    string
+	leaseScript = redis.NewScript(leaseLua)
+)
+
+// Lease defaults and margins.
+const (
+	defaultNearLease = time.Second
+	// leaseDrift is the clock-rate error allowed between a holder, the Redis
+	// server and a writer (1%, as Redlock's drift factor), and leaseMargin a
+	// fixed allowance for the millisecond rounding of the server's time.
+	leaseDrift  = 0.01
+	leaseMargin = 2 * time.Millisecond
+)
+
+// WithNearLease sets the coherence lease of the near cache: how long a
+// process may serve memory without proving it still receives invalidations,
+// and so the longest a write waits for a process that stopped answering
+// (frozen, partitioned, its connection killed). Renewed every quarter of it.
+// Default: 1s. It has no effect without the near cache.
+func WithNearLease(d time.Duration) Option {
+	return func(c *config) { c.near.lease, c.near.leaseSet = d, true }
+}
+
+// leaseKey is the registry of the near caches of a prefix: under the prefix
+// (ACL key patterns that grant the prefix grant it), in a shape no value key
+// can take (see isReserved).
+func leaseKey(prefix string) string {
+	return slot.Companion(prefix, ":stampede:near")
+}
+
+// leaseHeld reports whether memory may be served: the tracker is sure of its
+// connections and its lease runs. Two atomic loads and a clock read.
+func (t *tracker) leaseHeld() bool {
+	return t.ready.Load() && nanotime() < t.leaseUntil.Load()
+}
+
+// renewLoop renews the lease every lease/4, and at once when the tracker
+// becomes ready (t.renewNow), until ctx ends.
+func (t *tracker) renewLoop(ctx context.Context) {
+	defer t.done.Done()
+	tick := time.NewTicker(t.lease / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-t.renewNow:
+		}
+		if t.ready.Load() {
+			t.renew(ctx)
+		}
+	}
+}
+
+// renew runs one renewal; a failure leaves the lease to lapse.
+func (t *tracker) renew(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, t.lease/2)
+	defer cancel()
+	t0 := nanotime()
+	if err := leaseScript.Run(ctx, t.rdb, []string{t.leaseKey}, t.id, t.lease.Milliseconds()).Err(); err != nil {
+		return
+	}
+	type conn struct {
+		n   *node
+		sub *redis.PubSub // read under mu: receive replaces a silent node's
+	}
+	t.mu.Lock()
+	conns := make([]conn, 0, len(t.nodes))
+	for _, n := range t.nodes {
+		conns = append(conns, conn{n, n.sub})
+	}
+	t.mu.Unlock()
+	gen := t.pingGen.Add(1)
+	payload := "lease:" + strconv.FormatUint(gen, 10)
+	for _, c := range conns {
+		if !c.n.subbed.Load() || c.sub.Ping(ctx, payload) != nil {
+			return
+		}
+	}
+	for {
+		all := true
+		for _, c := range conns {
+			all = all && c.n.pong.Load() >= gen
+		}
+		if all {
+			break
+		}
+		select {
+		case <-t.pongs:
+		case <-ctx.Done():
+			return
+		}
+	}
+	until := t0 + int64(float64(t.lease)*(1-leaseDrift)) - int64(leaseMargin)
+	for {
+		cur := t.leaseUntil.Load()
+		if until <= cur || t.leaseUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
+// pong records a lease PONG from n (payload "lease:<gen>").
+func (t *tracker) pong(n *node, payload string) {
+	gen, err := strconv.ParseUint(payload[len("lease:"):], 10, 64)
+	if err != nil {
+		return
+	}
+	if gen > n.pong.Load() {
+		n.pong.Store(gen) // only n's receive loop stores it
+	}
+	select {
+	case t.pongs <- struct{}{}:
+	default:
+	}
+}
+
+// resign removes this holder from the registry at Close, so that writers
+// do not wait for a process that no longer serves memory.
+func (t *tracker) resign() {
+	ctx, cancel := context.WithTimeout(context.Background(), t.lease)
+	defer cancel()
+	_ = t.rdb.HDel(ctx, t.leaseKey, t.id).Err()
+}

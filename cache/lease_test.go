@@ -1,0 +1,175 @@
+// lease_test.go tests strict coherence's pieces one by one (lease.go,
+// confirm.go): a process without a lease serves nothing, a holder that does
+// not acknowledge is waited for until its lease ends, a lost registry makes
+// writes wait out one lease, Close gives the lease back, and the registry
+// and marker keys are reserved. The whole is attacked across OS processes
+// in reliability/near_test.go.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// serverMillis is the Redis server's clock, as the scripts read it.
+func serverMillis(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	now, err := rdb.Time(t.Context()).Result()
+	require.NoError(t, err)
+	return now.UnixMilli()
+}
+
+// A process whose lease cannot be renewed (here its ACL user may not HSET,
+// which the renewal script does) reads through Redis and never from memory.
+func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
+	srv := redistest.PrivateServer(t, "it creates an ACL user")
+	admin := redistest.Client(t, srv.Addr)
+	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "no-lease", "on", ">pw", "~*", "&*", "+@all", "-hset").Err())
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "no-lease", Password: "pw"})
+	defer rdb.Close()
+	ev := &events{}
+	c := New[product](rdb, WithPrefix("nl:"), ev.option())
+	defer c.Close()
+	require.True(t, eventually(func() bool { return c.near.track.ready.Load() }), "never sure of its invalidations")
+	src := &counter{}
+	for range 200 {
+		_, err := c.GetOrLoad(t.Context(), "k", src.load)
+		require.NoError(t, err)
+		time.Sleep(time.Millisecond) // past several renewal attempts
+	}
+	assert.Zero(t, ev.get(EventNearHit), "near hits without a lease")
+	assert.Equal(t, int64(1), src.calls.Load(), "reads went to Redis and found the value")
+}
+
+// A listed holder that never acknowledges (one registered by hand) is waited
+// for until its lease ends, without an error; a ctx that ends first gets an
+// error that says the value was written.
+func TestWriteWaitsOutASilentHolder(t *testing.T) {
+	rdb, p := setup(t)
+	ev := &events{}
+	c := New[product](rdb, WithPrefix(p), ev.option())
+	defer c.Close()
+	require.True(t, eventually(func() bool { return nearReady(c) }))
+	lease := 400 * time.Millisecond
+	require.NoError(t, rdb.HSet(t.Context(), leaseKey(p), "silent", serverMillis(t, rdb)+lease.Milliseconds()).Err())
+
+	began := time.Now()
+	require.NoError(t, c.Set(t.Context(), "k", product{ID: "a"}))
+	assert.GreaterOrEqual(t, time.Since(began), lease/2, "Set returned long before the silent holder's lease ended")
+	assert.Equal(t, int64(1), ev.get(EventNearLeaseWait))
+
+	require.NoError(t, rdb.HSet(t.Context(), leaseKey(p), "silent", serverMillis(t, rdb)+10_000).Err())
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	err := c.Delete(ctx, "k")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "written, but near caches not confirmed")
+	assert.Zero(t, rdb.Exists(t.Context(), p+"k").Val(), "the Delete itself was done")
+}
+
+// Two processes' caches (two clients): writes are acknowledged, not waited
+// out, and the other cache's memory never serves a value after a write of
+// it returned.
+func TestWritesAreAcknowledged(t *testing.T) {
+	_, p := setup(t)
+	w, _, wev := newNearCache(t, p)
+	r, _, rev := newNearCache(t, p)
+	src := &counter{}
+	for i := range 50 {
+		_, err := r.GetOrLoad(t.Context(), "k", src.load) // in memory (after the first)
+		require.NoError(t, err)
+		want := product{ID: "v" + string(rune('a'+i%26))}
+		require.NoError(t, w.Set(t.Context(), "k", want))
+		got, err := r.GetOrLoad(t.Context(), "k", src.load)
+		require.NoError(t, err)
+		require.Equal(t, want.ID, got.ID, "round %d: the other cache served the old value after Set returned", i)
+	}
+	assert.Zero(t, wev.get(EventNearLeaseWait), "writes waited out a running holder's lease")
+	assert.Positive(t, rev.get(EventNearHit))
+}
+
+// A registry created within a lease (here deleted, as FLUSHALL or an
+// eviction would) may have forgotten running leases: the next write waits
+// one lease from its creation.
+func TestLostRegistryMakesWritesWaitOneLease(t *testing.T) {
+	rdb, p := setup(t)
+	lease := 400 * time.Millisecond
+	c := New[product](rdb, WithPrefix(p), WithNearLease(lease))
+	defer c.Close()
+	require.True(t, eventually(func() bool { return nearReady(c) }))
+	time.Sleep(lease) // the registry is older than a lease
+	began := time.Now()
+	require.NoError(t, c.Set(t.Context(), "k", product{ID: "a"}))
+	quick := time.Since(began)
+
+	require.NoError(t, rdb.Del(t.Context(), leaseKey(p)).Err())
+	began = time.Now()
+	require.NoError(t, c.Set(t.Context(), "k", product{ID: "b"}))
+	assert.GreaterOrEqual(t, time.Since(began), lease/2, "Set after the registry was lost (the first took %v)", quick)
+}
+
+// Close gives the lease back: writers no longer list the closed holder.
+func TestCloseResigns(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithPrefix(p))
+	require.True(t, eventually(func() bool { return nearReady(c) }))
+	id := c.near.track.id
+	require.True(t, eventually(func() bool { return rdb.HExists(t.Context(), leaseKey(p), id).Val() }), "never registered")
+	require.NoError(t, c.Close())
+	assert.False(t, rdb.HExists(t.Context(), leaseKey(p), id).Val(), "a closed cache still holds its lease")
+}
+
+// The registry and the marker keys are reserved: no value can be stored
+// where they live.
+func TestCoherenceKeysAreReserved(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithPrefix(p))
+	defer c.Close()
+	for _, k := range []string{leaseKey(p), markKeyPrefix(p) + "w:1"} {
+		local := strings.TrimPrefix(k, p)
+		err := c.Set(t.Context(), local, product{})
+		assert.True(t, errors.Is(err, ErrReservedKey), "Set(%q): %v", local, err)
+		_, err = c.GetOrLoad(t.Context(), local, (&counter{}).load)
+		assert.True(t, errors.Is(err, ErrReservedKey), "GetOrLoad(%q): %v", local, err)
+	}
+}
+
+// On a Ring (no cluster bus) the marker is published on every shard: writes
+// are acknowledged by another Ring's near cache, and read-after-write holds.
+func TestRingWritesAreAcknowledged(t *testing.T) {
+	a := redistest.PrivateServer(t, "it runs a two-shard Ring")
+	b := redistest.NewServer(t)
+	ring := func() *redis.Ring {
+		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	wev, rev := &events{}, &events{}
+	w := New[product](ring(), WithPrefix("ring:"), wev.option())
+	defer w.Close()
+	r := New[product](ring(), WithPrefix("ring:"), rev.option())
+	defer r.Close()
+	require.True(t, eventually(func() bool { return nearReady(w) && nearReady(r) }))
+	src := &counter{}
+	for i := range 40 {
+		key := "k" + string(rune('a'+i%8)) // keys on both shards
+		_, err := r.GetOrLoad(t.Context(), key, src.load)
+		require.NoError(t, err)
+		want := product{ID: "v" + string(rune('a'+i))}
+		require.NoError(t, w.Set(t.Context(), key, want))
+		got, err := r.GetOrLoad(t.Context(), key, src.load)
+		require.NoError(t, err)
+		require.Equal(t, want.ID, got.ID, "round %d: the other Ring's memory served the old value after Set returned", i)
+	}
+	assert.Zero(t, wev.get(EventNearLeaseWait), "writes waited out a running holder's lease: markers did not reach every shard")
+	assert.Positive(t, rev.get(EventNearHit))
+}
