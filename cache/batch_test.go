@@ -831,13 +831,16 @@ func TestGetOrLoadManyRefreshesAStalePageInOneCall(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb, p := setup(t)
 			var ev eventCounts
-			c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
+			// A TTL long enough that the refreshed values are still fresh when
+			// c2 reads them below on a loaded machine.
+			const ttl = 300 * time.Millisecond
+			c := New[product](rdb, WithTTL(ttl), WithoutJitter(), WithEarlyRefresh(0),
 				WithStale(time.Minute), WithSoftLoadTimeout(tc.soft), WithObserver(ev.observe))
 			keys := names(p, 20)
 			src := &source{}
 			_, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
 			require.NoError(t, err)
-			time.Sleep(100 * time.Millisecond) // past the TTL
+			time.Sleep(ttl + 100*time.Millisecond) // past the TTL
 
 			var info ResultInfo
 			got, err := c.GetOrLoadMany(WithResultInfo(t.Context(), &info), keys, src.loadMany)
@@ -858,7 +861,7 @@ func TestGetOrLoadManyRefreshesAStalePageInOneCall(t *testing.T) {
 			}
 
 			info = ResultInfo{}
-			c2 := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute))
+			c2 := New[product](rdb, WithTTL(ttl), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute))
 			got, err = c2.GetOrLoadMany(WithResultInfo(t.Context(), &info), keys, src.loadMany)
 			require.NoError(t, err)
 			assert.Len(t, got, 20)
