@@ -86,6 +86,8 @@ type node struct {
 	sub     *redis.PubSub
 	subbed  atomic.Bool   // its subscription is confirmed since the last loss
 	id      atomic.Int64  // the connection's CLIENT ID, for operators and tests
+	server  atomic.Value  // string: the run_id of the server the connection is on
+	redial  atomic.Bool   // the connection is on the wrong server: start over on a new one
 	pong    atomic.Uint64 // the last lease renewal this connection answered
 	stopped chan struct{}
 }
@@ -280,8 +282,17 @@ func (t *tracker) startNode(ctx context.Context, addr string, base *redis.Option
 		}
 		n.id.Store(id)
 		cmd := redis.NewCmd(ctx, args...) // *redis.Conn has no Do before go-redis v9.6
-		_ = cn.Process(ctx, cmd)
-		return cmd.Err()
+		if err := cn.Process(ctx, cmd); err != nil {
+			return err
+		}
+		// Which server this is: a lease renewal counts only if its script
+		// ran on a server these connections track (lease.go).
+		info, err := cn.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		n.server.Store(runID(info))
+		return nil
 	}
 	n.client = redis.NewClient(&opt)
 	n.sub = n.client.Subscribe(ctx, t.channels()...)
@@ -370,9 +381,9 @@ func (t *tracker) receive(ctx context.Context, n *node) {
 		// Lost, or silent past a ping: in doubt until subscribed again.
 		n.subbed.Store(false)
 		t.dropAll(true)
-		if pinged {
+		if pinged || n.redial.Swap(false) {
 			pinged = false
-			_ = n.sub.Close() // a silent connection: start over on a new one
+			_ = n.sub.Close() // a silent or misplaced connection: start over on a new one
 			t.mu.Lock()
 			if cur, ok := t.nodes[n.addr]; ok && cur == n {
 				n.sub = n.client.Subscribe(ctx, t.channels()...)

@@ -28,6 +28,7 @@ import (
 	"context"
 	_ "embed"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -91,22 +92,27 @@ func (t *tracker) renewLoop(ctx context.Context) {
 	}
 }
 
+// trackedConn is a node and its subscription as a renewal found them (read under
+// mu: receive replaces a silent node's subscription).
+type trackedConn struct {
+	n   *node
+	sub *redis.PubSub
+}
+
 // renew runs one renewal; a failure leaves the lease to lapse.
 func (t *tracker) renew(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, t.lease/2)
 	defer cancel()
 	t0 := nanotime()
-	if err := leaseScript.Run(ctx, t.rdb, []string{t.leaseKey}, t.id, t.lease.Milliseconds()).Err(); err != nil {
+	reply, err := leaseScript.Run(ctx, t.rdb, []string{t.leaseKey}, t.id, t.lease.Milliseconds()).Slice()
+	if err != nil || len(reply) != 2 {
 		return
 	}
-	type conn struct {
-		n   *node
-		sub *redis.PubSub // read under mu: receive replaces a silent node's
-	}
+	server, _ := reply[1].(string)
 	t.mu.Lock()
-	conns := make([]conn, 0, len(t.nodes))
+	conns := make([]trackedConn, 0, len(t.nodes))
 	for _, n := range t.nodes {
-		conns = append(conns, conn{n, n.sub})
+		conns = append(conns, trackedConn{n, n.sub})
 	}
 	t.mu.Unlock()
 	gen := t.pingGen.Add(1)
@@ -130,6 +136,9 @@ func (t *tracker) renew(ctx context.Context) {
 			return
 		}
 	}
+	if !t.tracks(conns, server) {
+		return
+	}
 	until := t0 + int64(float64(t.lease)*(1-leaseDrift)) - int64(leaseMargin)
 	for {
 		cur := t.leaseUntil.Load()
@@ -137,6 +146,39 @@ func (t *tracker) renew(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// tracks reports whether one of conns is on the server (a run_id) where
+// the renewal's script ran. If none is, the client now reaches another
+// server than the tracking connections do (a Sentinel failover, a proxy
+// that switched): invalidations of what the client reads would not arrive,
+// so memory is dropped and, for a single-server client, its connections
+// start over through the client's dialer, which finds the new server.
+// (On a cluster or Ring, sync finds the changed masters by address.)
+func (t *tracker) tracks(conns []trackedConn, server string) bool {
+	for _, c := range conns {
+		if s, _ := c.n.server.Load().(string); s != "" && s == server {
+			return true
+		}
+	}
+	t.dropAll(true)
+	if _, ok := t.rdb.(*redis.Client); ok {
+		for _, c := range conns {
+			c.n.redial.Store(true)
+			_ = c.sub.Close() // its receive loop subscribes again, on a new connection
+		}
+	}
+	return false
+}
+
+// runID reads the run_id line of INFO server.
+func runID(info string) string {
+	_, rest, ok := strings.Cut(info, "run_id:")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, "\r\n")
+	return strings.TrimSpace(id)
 }
 
 // pong records a lease PONG from n (payload "lease:<gen>").

@@ -10,7 +10,9 @@ package cache
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,4 +174,58 @@ func TestRingWritesAreAcknowledged(t *testing.T) {
 	}
 	assert.Zero(t, wev.get(EventNearLeaseWait), "writes waited out a running holder's lease: markers did not reach every shard")
 	assert.Positive(t, rev.get(EventNearHit))
+}
+
+// A client that moves to another server (as a Sentinel failover or a proxy
+// moves it) while its tracking connection stays on the old one, which still
+// answers: the lease renewal now runs on a server this process does not
+// track, so memory stops being served (the old value stayed in it, since
+// the new server's writes are reported to nobody here) and the tracking
+// connection moves to the client's server.
+func TestNearCacheFollowsItsClientToAnotherServer(t *testing.T) {
+	a := redistest.PrivateServer(t, "it moves a client between two servers")
+	b := redistest.PrivateServer(t, "it moves a client between two servers")
+	var target atomic.Value
+	target.Store(a.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: "switched", Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, target.Load().(string))
+	}})
+	defer rdb.Close()
+	ev := &events{}
+	c := New[product](rdb, WithPrefix("sw:"), WithTTL(time.Hour), WithNearMaxAge(time.Hour), ev.option())
+	defer c.Close()
+	require.True(t, eventually(func() bool { return nearReady(c) }))
+	require.NoError(t, c.Set(t.Context(), "k", product{ID: "old"}))
+	require.True(t, eventually(func() bool {
+		v, err := c.Get(t.Context(), "k")
+		return err == nil && v.ID == "old" && nearHas(c, "k")
+	}), "the old value never reached memory")
+	before := ev.get(EventNearHit)
+
+	onB := New[product](redistest.Client(t, b.Addr), WithPrefix("sw:"), WithoutNearCache())
+	defer onB.Close()
+	require.NoError(t, onB.Set(t.Context(), "k", product{ID: "new"}))
+	target.Store(b.Addr)
+	// The client's connections to a end (go-redis's failover client closes
+	// them on a switch); the tracking connection, a subscriber, stays.
+	admA := redistest.Client(t, a.Addr)
+	require.NoError(t, admA.ClientKillByFilter(t.Context(), "TYPE", "normal").Err())
+
+	var got product
+	require.True(t, eventually(func() bool {
+		var err error
+		got, err = c.Get(t.Context(), "k")
+		return err == nil && got.ID == "new"
+	}), "memory kept serving the old server's value: %+v", got)
+	assert.Greater(t, ev.get(EventNearHit), before, "memory served before the switch")
+	require.True(t, eventually(func() bool {
+		return strings.Contains(redistest.Client(t, b.Addr).ClientList(t.Context()).Val(), "name=stampede-near")
+	}), "the tracking connection did not move to the client's server")
+	require.True(t, eventually(func() bool { return nearReady(c) }), "never sure again on the new server")
+	for range 100 {
+		v, err := c.Get(t.Context(), "k")
+		require.NoError(t, err)
+		require.Equal(t, "new", v.ID)
+	}
 }

@@ -3,7 +3,9 @@
 --          server's milliseconds; "~since" -> when the registry was created)
 -- ARGV[1]: the holder's id
 -- ARGV[2]: the lease, in milliseconds
--- Returns the server's time in milliseconds.
+-- Returns the server's time in milliseconds and its run_id: the holder
+-- checks that its tracking connections are on this very server (after a
+-- failover or a proxy's switch they may not be).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
@@ -17,4 +19,5 @@ for i = 1, #all, 2 do
     redis.call('HDEL', KEYS[1], all[i])
   end
 end
-return now
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+return {now, run or ''}
