@@ -86,7 +86,7 @@ func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
 func TestBreakerClosesWhenRedisAnswersAgain(t *testing.T) {
 	_, p := setup(t)
 	key := p + "k"
-	addr := deadAddr(t)
+	addr := freeAddr(t)
 	rdb, dials := dialCounter(t, addr)
 	var closed atomic.Int64
 	c := New[product](rdb, WithCircuitBreaker(2, 50*time.Millisecond), WithObserver(func(e Event) {

@@ -103,8 +103,14 @@ func (h delayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-// deadAddr returns a loopback address where nothing listens.
-func deadAddr(t *testing.T) string {
+// deadAddr is a loopback address nothing listens on, nor will (see
+// redistest.DeadAddr).
+func deadAddr(t *testing.T) string { return redistest.DeadAddr(t) }
+
+// freeAddr is a loopback address nothing listens on now, for a test that
+// starts listening there later (another process may take it meanwhile:
+// rare, and that test then fails to listen, it does not pass wrongly).
+func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -53,17 +52,8 @@ func (r *recorder) get() []line {
 	return slices.Clone(r.lines)
 }
 
-// deadAddr is a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
-}
+// deadAddr is a loopback address nothing listens on, nor will.
+func deadAddr(t *testing.T) string { return redistest.DeadAddr(t) }
 
 // loseLock runs a GetOrLoad of key on c whose load a Delete overtakes, so
 // that the loaded value is not stored.

@@ -408,3 +408,30 @@ func Main(m *testing.M) {
 	Stop()
 	os.Exit(code)
 }
+
+// DeadAddr is a loopback address where nothing listens and, until the test
+// ends, nothing can start listening: its port is held by the client end of
+// a connection (bound without SO_REUSEADDR), so a redis-server that another
+// test or package starts on a free port cannot land on it, as it could on a
+// port only closed after picking it.
+func DeadAddr(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	server, err := l.Accept()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		_ = client.Close()
+		_ = server.Close()
+	})
+	return client.LocalAddr().String()
+}
