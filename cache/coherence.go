@@ -381,7 +381,7 @@ func (t *tracker) receive(ctx context.Context, n *node) {
 		// Lost, or silent past a ping: in doubt until subscribed again.
 		n.subbed.Store(false)
 		t.dropAll(true)
-		if pinged || n.redial.Swap(false) {
+		if redial := n.redial.Swap(false); pinged || redial {
 			pinged = false
 			_ = n.sub.Close() // a silent or misplaced connection: start over on a new one
 			t.mu.Lock()

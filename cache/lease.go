@@ -15,7 +15,9 @@
 //     invalidation queued on that connection before the PING, and the PING
 //     left after step 2 was done;
 //  4. once every PONG is in, memory may be served until t0 + lease, less the
-//     clock-rate margin (the lease counts from before the server's TIME).
+//     clock-rate margin (the lease counts from before the server's TIME),
+//     if the script ran on a server one of these connections is on (its
+//     run_id, see tracks).
 //
 // A writer that read the registry after its write (confirm.go) finds every
 // holder that renewed before that read; a renewal after it pings after the
@@ -115,6 +117,9 @@ func (t *tracker) renew(ctx context.Context) {
 		conns = append(conns, trackedConn{n, n.sub})
 	}
 	t.mu.Unlock()
+	if !t.tracks(conns, server) { // no need to wait for PONGs from the wrong server
+		return
+	}
 	gen := t.pingGen.Add(1)
 	payload := "lease:" + strconv.FormatUint(gen, 10)
 	for _, c := range conns {
@@ -136,7 +141,7 @@ func (t *tracker) renew(ctx context.Context) {
 			return
 		}
 	}
-	if !t.tracks(conns, server) {
+	if !t.tracks(conns, server) { // a connection that reconnected meanwhile may be elsewhere
 		return
 	}
 	until := t0 + int64(float64(t.lease)*(1-leaseDrift)) - int64(leaseMargin)
@@ -148,26 +153,32 @@ func (t *tracker) renew(ctx context.Context) {
 	}
 }
 
-// tracks reports whether one of conns is on the server (a run_id) where
-// the renewal's script ran. If none is, the client now reaches another
-// server than the tracking connections do (a Sentinel failover, a proxy
-// that switched): invalidations of what the client reads would not arrive,
-// so memory is dropped and, for a single-server client, its connections
-// start over through the client's dialer, which finds the new server.
-// (On a cluster or Ring, sync finds the changed masters by address.)
+// tracks reports whether one of conns, still the node's subscription, is on
+// the server (a run_id) where the renewal's script ran. If none is, the
+// client reaches another server than the tracking connections do (a
+// Sentinel failover moved the client, not yet the subscriber): the
+// invalidations of what the client reads would not arrive, so memory is
+// dropped and, for a single-server client, the tracking connections start
+// over through the client's dialer, which finds the client's server. (On a
+// cluster or Ring, sync finds changed masters by address.)
 func (t *tracker) tracks(conns []trackedConn, server string) bool {
+	t.mu.Lock()
 	for _, c := range conns {
-		if s, _ := c.n.server.Load().(string); s != "" && s == server {
+		if s, _ := c.n.server.Load().(string); s != "" && s == server && c.n.subbed.Load() && c.n.sub == c.sub {
+			t.mu.Unlock()
 			return true
 		}
 	}
-	t.dropAll(true)
 	if _, ok := t.rdb.(*redis.Client); ok {
 		for _, c := range conns {
-			c.n.redial.Store(true)
-			_ = c.sub.Close() // its receive loop subscribes again, on a new connection
+			if c.n.sub == c.sub { // not one its receive loop replaced already
+				c.n.redial.Store(true)
+				_ = c.sub.Close() // the receive loop subscribes again, on a new connection
+			}
 		}
 	}
+	t.mu.Unlock()
+	t.dropAll(true)
 	return false
 }
 

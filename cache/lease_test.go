@@ -176,9 +176,9 @@ func TestRingWritesAreAcknowledged(t *testing.T) {
 	assert.Positive(t, rev.get(EventNearHit))
 }
 
-// A client that moves to another server (as a Sentinel failover or a proxy
-// moves it) while its tracking connection stays on the old one, which still
-// answers: the lease renewal now runs on a server this process does not
+// A client that moves to another server (as a Sentinel failover moves it,
+// closing its connections to the old master) while its tracking connection
+// stays on the old one, which still answers: the lease renewal now runs on a server this process does not
 // track, so memory stops being served (the old value stayed in it, since
 // the new server's writes are reported to nobody here) and the tracking
 // connection moves to the client's server.
