@@ -18,6 +18,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"net"
 	"strings"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/lease"
+	"github.com/stampede-go/stampede/internal/rediserr"
 )
 
 // invalidateChannel is where Redis sends RESP2 tracking invalidations.
@@ -70,6 +72,8 @@ type tracker struct {
 	pingGen    atomic.Uint64 // the last renewal's number, sent in its PINGs
 	pongs      chan struct{} // a renewal's PONG came
 	onLapse    func(holder string)
+	onRefused  func(error) // Redis refused a command the near cache needs (see refuse)
+	refused    atomic.Bool // that was reported, and no renewal succeeded since
 
 	seq     atomic.Uint64 // this writer's writes
 	pmu     sync.Mutex
@@ -100,11 +104,11 @@ type ticket struct {
 	ok         bool // the tracker was ready when the ticket was taken
 }
 
-func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, onDrop func(string, bool), onLapse func(string)) *tracker {
+func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, onDrop func(string, bool), onLapse func(string), onRefused func(error)) *tracker {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &tracker{
 		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), onDrop: onDrop, nodes: map[string]*node{}, stop: cancel,
-		id: lease.NewToken(), leaseKey: leaseKey(prefix), lease: leaseLen, onLapse: onLapse, markCh: markChannel(prefix), nonceKey: markKeyPrefix(prefix),
+		id: lease.NewToken(), leaseKey: leaseKey(prefix), lease: leaseLen, onLapse: onLapse, onRefused: onRefused, markCh: markChannel(prefix), nonceKey: markKeyPrefix(prefix),
 		renewNow: make(chan struct{}, 1), pongs: make(chan struct{}, 1),
 		pending: map[string]*confirmation{}, marks: map[string]int{}, acks: make(chan string, 4096),
 	}
@@ -114,6 +118,17 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	go t.renewLoop(ctx)
 	go t.ackLoop(ctx)
 	return t
+}
+
+// refuse reports err, once until a renewal succeeds, if it is Redis refusing
+// a command the near cache needs (an ACL without it, a renamed command): the
+// near cache then never serves, which nothing else would show. It returns
+// err.
+func (t *tracker) refuse(err error) error {
+	if rediserr.Classify(err, false) == rediserr.Fatal && !t.refused.Swap(true) {
+		t.onRefused(err)
+	}
+	return err
 }
 
 // channels are what every tracking connection subscribes: the markers and
@@ -274,7 +289,7 @@ func (t *tracker) startNode(ctx context.Context, addr string, base *redis.Option
 		}
 		id, err := cn.ClientID(ctx).Result()
 		if err != nil {
-			return err
+			return t.refuse(fmt.Errorf("CLIENT ID: %w", err))
 		}
 		args := []any{"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST"}
 		if prefix != "" {
@@ -283,13 +298,13 @@ func (t *tracker) startNode(ctx context.Context, addr string, base *redis.Option
 		n.id.Store(id)
 		cmd := redis.NewCmd(ctx, args...) // *redis.Conn has no Do before go-redis v9.6
 		if err := cn.Process(ctx, cmd); err != nil {
-			return err
+			return t.refuse(fmt.Errorf("CLIENT TRACKING: %w", err))
 		}
 		// Which server this is: a lease renewal counts only if its script
 		// ran on a server these connections track (lease.go).
 		info, err := cn.Info(ctx, "server").Result()
 		if err != nil {
-			return err
+			return t.refuse(fmt.Errorf("INFO: %w", err))
 		}
 		n.server.Store(runID(info))
 		return nil

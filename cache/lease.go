@@ -29,6 +29,7 @@ package cache
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -108,6 +109,9 @@ func (t *tracker) renew(ctx context.Context) {
 	t0 := nanotime()
 	reply, err := leaseScript.Run(ctx, t.rdb, []string{t.leaseKey}, t.id, t.lease.Milliseconds()).Slice()
 	if err != nil || len(reply) != 2 {
+		if err != nil {
+			t.refuse(fmt.Errorf("the lease script: %w", err))
+		}
 		return
 	}
 	server, _ := reply[1].(string)
@@ -144,6 +148,7 @@ func (t *tracker) renew(ctx context.Context) {
 	if !t.tracks(conns, server) { // a connection that reconnected meanwhile may be elsewhere
 		return
 	}
+	t.refused.Store(false) // a later refusal is reported again
 	until := t0 + int64(float64(t.lease)*(1-leaseDrift)) - int64(leaseMargin)
 	for {
 		cur := t.leaseUntil.Load()

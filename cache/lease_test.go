@@ -10,6 +10,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -31,7 +32,8 @@ func serverMillis(t *testing.T, rdb *redis.Client) int64 {
 }
 
 // A process whose lease cannot be renewed (here its ACL user may not HSET,
-// which the renewal script does) reads through Redis and never from memory.
+// which the renewal script does) reads through Redis and never from memory,
+// and says so once in its log.
 func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
 	srv := redistest.PrivateServer(t, "it creates an ACL user")
 	admin := redistest.Client(t, srv.Addr)
@@ -39,7 +41,8 @@ func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "no-lease", Password: "pw"})
 	defer rdb.Close()
 	ev := &events{}
-	c := New[product](rdb, WithPrefix("nl:"), ev.option())
+	logs := &logCapture{}
+	c := New[product](rdb, WithPrefix("nl:"), ev.option(), WithLogger(slog.New(logs)))
 	defer c.Close()
 	require.True(t, eventually(func() bool { return c.near.track.ready.Load() }), "never sure of its invalidations")
 	src := &counter{}
@@ -50,6 +53,30 @@ func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
 	}
 	assert.Zero(t, ev.get(EventNearHit), "near hits without a lease")
 	assert.Equal(t, int64(1), src.calls.Load(), "reads went to Redis and found the value")
+	lines := logs.lines(slog.LevelError)
+	require.Len(t, lines, 1, "one report for every failed renewal: %q", lines)
+	assert.Contains(t, lines[0], "near cache not serving")
+	assert.Contains(t, lines[0], "the lease script") // the refusal itself is worded differently by each Redis
+}
+
+// A user whose ACL refuses INFO (the tracking connections ask which server
+// they are on): the near cache never serves, and the log says why, once.
+func TestNearCacheRefusedACommandSaysSo(t *testing.T) {
+	srv := redistest.PrivateServer(t, "it creates an ACL user")
+	admin := redistest.Client(t, srv.Addr)
+	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "no-info", "on", ">pw", "~*", "&*", "+@all", "-info").Err())
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "no-info", Password: "pw"})
+	defer rdb.Close()
+	logs := &logCapture{}
+	c := New[product](rdb, WithPrefix("ni:"), WithLogger(slog.New(logs)))
+	defer c.Close()
+	require.True(t, eventually(func() bool { return len(logs.lines(slog.LevelError)) > 0 }), "no report")
+	time.Sleep(300 * time.Millisecond) // several more attempts
+	lines := logs.lines(slog.LevelError)
+	require.Len(t, lines, 1, "%q", lines)
+	assert.Contains(t, lines[0], "near cache not serving")
+	assert.Contains(t, lines[0], "INFO: NOPERM")
+	assert.False(t, nearReady(c))
 }
 
 // A listed holder that never acknowledges (one registered by hand) is waited

@@ -8,6 +8,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -199,6 +200,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			}
 		},
 	})
+	health := &c.share.res.health // not c: the near cache must not keep its Cache alive
 	n.track = newTracker(c.rdb, cfg.prefix, cfg.near.lease, func(key string, all bool) {
 		if all {
 			if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
@@ -216,6 +218,9 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		}
 	}, func(holder string) {
 		cfg.emit(EventNearLeaseWait, holder, 0, nil)
+	}, func(err error) {
+		health.log(slog.LevelError, "cache: near cache not serving: Redis refused a command it needs (see the README's Redis ACLs); reads go to Redis",
+			"redis", health.addr, "prefix", cfg.prefix, "err", err)
 	})
 	return n
 }
