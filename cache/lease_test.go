@@ -31,15 +31,23 @@ func serverMillis(t *testing.T, rdb *redis.Client) int64 {
 	return now.UnixMilli()
 }
 
+// limitedClient is a client of a private server, logged in as a user who
+// may do everything but what deny takes away (say "-hset").
+func limitedClient(t *testing.T, deny string) *redis.Client {
+	t.Helper()
+	srv := redistest.PrivateServer(t, "it creates an ACL user")
+	admin := redistest.Client(t, srv.Addr)
+	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all", deny).Err())
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limited", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
 // A process whose lease cannot be renewed (here its ACL user may not HSET,
 // which the renewal script does) reads through Redis and never from memory,
 // and says so once in its log.
 func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
-	srv := redistest.PrivateServer(t, "it creates an ACL user")
-	admin := redistest.Client(t, srv.Addr)
-	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "no-lease", "on", ">pw", "~*", "&*", "+@all", "-hset").Err())
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "no-lease", Password: "pw"})
-	defer rdb.Close()
+	rdb := limitedClient(t, "-hset")
 	ev := &events{}
 	logs := &logCapture{}
 	c := New[product](rdb, WithPrefix("nl:"), ev.option(), WithLogger(slog.New(logs)))
@@ -62,11 +70,7 @@ func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
 // A user whose ACL refuses INFO (the tracking connections ask which server
 // they are on): the near cache never serves, and the log says why, once.
 func TestNearCacheRefusedACommandSaysSo(t *testing.T) {
-	srv := redistest.PrivateServer(t, "it creates an ACL user")
-	admin := redistest.Client(t, srv.Addr)
-	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "no-info", "on", ">pw", "~*", "&*", "+@all", "-info").Err())
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "no-info", Password: "pw"})
-	defer rdb.Close()
+	rdb := limitedClient(t, "-info")
 	logs := &logCapture{}
 	c := New[product](rdb, WithPrefix("ni:"), WithLogger(slog.New(logs)))
 	defer c.Close()
