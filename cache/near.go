@@ -254,6 +254,12 @@ func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
 	if !tk.ok || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.expiry.IsZero() {
 		return
 	}
+	if c.cfg.replicaReads && c.cluster {
+		// A replica's copy may be older than invalidations this process
+		// has already seen (they come from masters): kept, it would outlive
+		// the replica's lag.
+		return
+	}
 	left := time.Until(r.fresh.expiry) // a wall-clock expiry, as Redis's own
 	if c.cfg.beta > 0 {
 		left -= refreshLead(c.cfg.beta, r.fresh, r.head)

@@ -16,6 +16,9 @@ package cache
 // usually milliseconds but has no bound (a replica that stops applying its
 // master's stream serves its old copy until it resumes or is cut off;
 // reliability/replica_test.go measures it). Misses, loads and writes go to
-// masters as always, so a key is still loaded once. Default: off. It
+// masters as always, so a key is still loaded once. The near cache keeps
+// nothing then (a replica's copy may be older than the invalidations the
+// process has seen, and memory would keep it past the lag), but its process
+// still waits for the others' near caches when it writes. Default: off. It
 // changes nothing for a client that is not a cluster client.
 func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true } }

@@ -117,6 +117,23 @@ func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
 				if stale.Load() == 0 || errs.Load() != 0 {
 					t.Errorf("WithReplicaReads: %d reads old, %d failed; want reads served by the replica (old) and none failed", stale.Load(), errs.Load())
 				}
+				// Once the replica has caught up, no read is old: the near
+				// cache kept none of the replica's copies, which were older
+				// than the invalidations the process had already seen.
+				if err := replica.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+					t.Fatal(err)
+				}
+				if got, err := cl.rdbs[0].Do(ctx, "WAIT", 1, 10000).Int(); err != nil || got != 1 {
+					t.Fatalf("WAIT for the replica: %d, %v", got, err)
+				}
+				stale.Store(0)
+				for _, k := range keys {
+					v, err := reader.GetOrLoad(ctx, k, func(context.Context) (string, error) { return "new", nil })
+					check(k, v, err)
+				}
+				if stale.Load() != 0 || errs.Load() != 0 {
+					t.Errorf("after the replica caught up: %d reads of %d old, %d failed; want 0 (memory kept a replica's old copy)", stale.Load(), n, errs.Load())
+				}
 				return
 			}
 			if stale.Load() != 0 || errs.Load() != 0 {
