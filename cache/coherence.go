@@ -79,8 +79,8 @@ type tracker struct {
 	pmu     sync.Mutex
 	pending map[string]*confirmation // protected by pmu; by write number
 	mmu     sync.Mutex
-	marks   map[string]int // protected by mmu; markers seen on some connections: how many
-	acks    chan string    // markers to acknowledge
+	marks   map[string]*markSeen // protected by mmu; markers seen on some connections only
+	acks    chan string          // markers to acknowledge
 }
 
 // node is the tracking connection to one master or shard.
@@ -110,7 +110,7 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), onDrop: onDrop, nodes: map[string]*node{}, stop: cancel,
 		id: lease.NewToken(), leaseKey: leaseKey(prefix), lease: leaseLen, onLapse: onLapse, onRefused: onRefused, markCh: markChannel(prefix), nonceKey: markKeyPrefix(prefix),
 		renewNow: make(chan struct{}, 1), pongs: make(chan struct{}, 1),
-		pending: map[string]*confirmation{}, marks: map[string]int{}, acks: make(chan string, 4096),
+		pending: map[string]*confirmation{}, marks: map[string]*markSeen{}, acks: make(chan string, 4096),
 	}
 	t.ackCh = ackChannel(prefix, t.id)
 	t.done.Add(3)
@@ -353,7 +353,7 @@ func (t *tracker) receive(ctx context.Context, n *node) {
 			pinged = false
 			switch m.Channel {
 			case t.markCh:
-				t.marked(m.Payload)
+				t.marked(n, m.Payload)
 				continue
 			case t.ackCh:
 				t.acked(m.Payload)
@@ -370,7 +370,7 @@ func (t *tracker) receive(ctx context.Context, n *node) {
 				}
 			}
 			for _, mk := range marks { // after the keys they follow
-				t.marked(mk)
+				t.marked(n, mk)
 			}
 			continue
 		case *redis.Pong:

@@ -250,18 +250,28 @@ func (t *tracker) acked(payload string) {
 	}
 }
 
-// marked handles a writer's marker ("<writer>:<seq>") received on one
-// tracking connection: once it has come on every connection, each of them
-// has delivered the write's invalidation, and the write is acknowledged.
-func (t *tracker) marked(marker string) {
+// markSeen is a marker seen on some of the tracking connections.
+type markSeen struct {
+	on map[*node]bool // the connections it came on: a marker published twice (a retried script) must not count twice
+	at int64          // nanotime it first came
+}
+
+// marked handles a writer's marker ("<writer>:<seq>") received on n: once it
+// has come on every connection, each of them has delivered the write's
+// invalidation, and the write is acknowledged.
+func (t *tracker) marked(n *node, marker string) {
 	writer, _, ok := strings.Cut(marker, ":")
 	if !ok || writer == t.id {
 		return // this process's own write dropped its copies before asking
 	}
 	t.mmu.Lock()
-	seen := t.marks[marker] + 1
-	if seen < int(t.nnodes.Load()) {
-		t.marks[marker] = seen
+	m := t.marks[marker]
+	if m == nil {
+		m = &markSeen{on: map[*node]bool{}, at: nanotime()}
+		t.marks[marker] = m
+	}
+	m.on[n] = true
+	if len(m.on) < int(t.nnodes.Load()) {
 		t.mmu.Unlock()
 		return
 	}
@@ -275,10 +285,24 @@ func (t *tracker) marked(marker string) {
 func (t *tracker) ackAll() {
 	t.mmu.Lock()
 	marks := t.marks
-	t.marks = map[string]int{}
+	t.marks = map[string]*markSeen{}
 	t.mmu.Unlock()
 	for m := range marks {
 		t.sendAck(m)
+	}
+}
+
+// forgetMarks drops markers first seen over two leases ago that never came
+// on every connection (a publish that failed on some shard): their writers
+// stopped waiting a lease after writing.
+func (t *tracker) forgetMarks() {
+	old := nanotime() - 2*int64(t.lease)
+	t.mmu.Lock()
+	defer t.mmu.Unlock()
+	for k, m := range t.marks {
+		if m.at < old {
+			delete(t.marks, k)
+		}
 	}
 }
 

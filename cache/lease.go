@@ -92,6 +92,7 @@ func (t *tracker) renewLoop(ctx context.Context) {
 		if t.ready.Load() {
 			t.renew(ctx)
 		}
+		t.forgetMarks()
 	}
 }
 

@@ -260,3 +260,27 @@ func TestNearCacheFollowsItsClientToAnotherServer(t *testing.T) {
 		require.Equal(t, "new", v.ID)
 	}
 }
+
+// A marker counts once per connection: published twice (a script retried
+// after a lost reply) and heard twice on one master's connection, it does
+// not stand for the other master's, whose invalidation may still be on its
+// way. Markers that never come on every connection are forgotten after two
+// leases.
+func TestMarkerCountsConnectionsNotCopies(t *testing.T) {
+	tr := &tracker{id: "me", lease: time.Second, marks: map[string]*markSeen{}, acks: make(chan string, 8)}
+	tr.nnodes.Store(2)
+	a, b := &node{}, &node{}
+	tr.marked(a, "writer:1")
+	tr.marked(a, "writer:1")
+	assert.Empty(t, tr.acks, "acknowledged after one connection's copies")
+	tr.marked(b, "writer:1")
+	require.Len(t, tr.acks, 1)
+	assert.Equal(t, "writer:1", <-tr.acks)
+
+	tr.marked(a, "writer:2")
+	tr.forgetMarks()
+	assert.Len(t, tr.marks, 1, "a marker forgotten within two leases")
+	tr.marks["writer:2"].at -= int64(3 * time.Second)
+	tr.forgetMarks()
+	assert.Empty(t, tr.marks)
+}
