@@ -208,20 +208,21 @@ func (t *tracker) await(ctx context.Context, cf *confirmation, reply []any, recv
 // parseLeases reads confirm.lua's reply: the server's time, the registry's
 // creation, and each holder's lease end.
 func parseLeases(reply []any) (now, since int64, leases map[string]int64, err error) {
+	bad := func() error { return fmt.Errorf("cache: near cache: unexpected confirmation reply %v", reply) }
 	if len(reply) < 2 || len(reply)%2 != 0 {
-		return 0, 0, nil, fmt.Errorf("cache: near cache: unexpected confirmation reply %v", reply)
+		return 0, 0, nil, bad()
 	}
 	now, ok1 := reply[0].(int64)
 	since, ok2 := reply[1].(int64)
 	if !ok1 || !ok2 {
-		return 0, 0, nil, fmt.Errorf("cache: near cache: unexpected confirmation reply %v", reply)
+		return 0, 0, nil, bad()
 	}
 	leases = make(map[string]int64, len(reply)/2-1)
 	for i := 2; i < len(reply); i += 2 {
 		id, ok1 := reply[i].(string)
 		end, ok2 := reply[i+1].(int64)
 		if !ok1 || !ok2 {
-			return 0, 0, nil, fmt.Errorf("cache: near cache: unexpected confirmation reply %v", reply)
+			return 0, 0, nil, bad()
 		}
 		leases[id] = end
 	}

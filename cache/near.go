@@ -35,10 +35,6 @@ const (
 	defaultNearMaxAge = 2 * time.Second
 )
 
-// nearByDefault is whether a Cache keeps a near cache when no option says;
-// the protocol tests, which count Redis commands, turn it off.
-var nearByDefault = true
-
 // WithNearCache sets the byte budget of the near cache (keys, payloads and
 // a per-entry overhead counted). The near cache is on by default, with a
 // budget of 32 MiB; [WithoutNearCache] turns it off.
@@ -86,7 +82,7 @@ var nearByDefault = true
 // *redis.Client (including a failover client), *redis.ClusterClient (a
 // connection per master) and *redis.Ring (one per shard); on other
 // UniversalClients the near cache is off. Requires Redis 6.0 or later
-// (CLIENT TRACKING, and TIME and PUBLISH in scripts).
+// (CLIENT TRACKING, and TIME, PUBLISH and INFO in scripts).
 func WithNearCache(maxBytes int64) Option {
 	return func(c *config) { c.near.set, c.near.off, c.near.maxBytes = true, false, maxBytes }
 }
@@ -131,7 +127,7 @@ type nearConfig struct {
 }
 
 // on reports whether the Cache keeps a near cache.
-func (n *nearConfig) on() bool { return n.set || nearByDefault && !n.off }
+func (n *nearConfig) on() bool { return !n.off }
 
 // validate checks the near-cache options and fills in the defaults.
 func (n *nearConfig) validate() error {

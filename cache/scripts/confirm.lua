@@ -25,15 +25,12 @@ if KEYS[2] then
   redis.call('SET', KEYS[2], '1')
   redis.call('DEL', KEYS[2])
 end
-local out = {now}
+local out = {now, now}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   if all[i] == '~since' then
     out[2] = tonumber(all[i + 1])
-  end
-end
-for i = 1, #all, 2 do
-  if all[i] ~= '~since' then
+  else
     out[#out + 1] = all[i]
     out[#out + 1] = tonumber(all[i + 1])
   end
