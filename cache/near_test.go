@@ -50,10 +50,7 @@ func eventually(cond func() bool) bool {
 func newNearCache(t *testing.T, prefix string, opts ...Option) (*Cache[product], *redis.Client, *events) {
 	t.Helper()
 	rdb := redistest.Client(t, redistest.Addr(t))
-	ev := &events{}
-	c := New[product](rdb, append([]Option{WithPrefix(prefix), WithNearCache(1 << 20), ev.option()}, opts...)...)
-	t.Cleanup(func() { c.Close() })
-	require.True(t, eventually(func() bool { return nearReady(c) }), "the near cache never became sure of its invalidations")
+	c, ev := newNearCacheOn(t, rdb, prefix, opts...)
 	return c, rdb, ev
 }
 
@@ -65,11 +62,17 @@ func newNearCacheCounting(t *testing.T, prefix string) (*Cache[product], *cmdCou
 	t.Helper()
 	rdb := redistest.Client(t, redistest.Addr(t))
 	cmds := countCommands(rdb)
+	c, ev := newNearCacheOn(t, rdb, prefix)
+	return c, cmds, ev
+}
+
+func newNearCacheOn(t *testing.T, rdb *redis.Client, prefix string, opts ...Option) (*Cache[product], *events) {
+	t.Helper()
 	ev := &events{}
-	c := New[product](rdb, WithPrefix(prefix), WithNearCache(1<<20), ev.option())
+	c := New[product](rdb, append([]Option{WithPrefix(prefix), WithNearCache(1 << 20), ev.option()}, opts...)...)
 	t.Cleanup(func() { c.Close() })
 	require.True(t, eventually(func() bool { return nearReady(c) }), "the near cache never became sure of its invalidations")
-	return c, cmds, ev
+	return c, ev
 }
 
 func TestNearCacheServesHitsFromMemory(t *testing.T) {
