@@ -229,9 +229,9 @@ func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
 func TestGetOrLoadManyWatchdogKeepsASlowLoadSingle(t *testing.T) {
 	rdb, p := setup(t)
 	keys := names(p, 3)
-	const lockTTL = 300 * time.Millisecond // see TestGetOrLoadWatchdogKeepsASlowLoadSingle
+	const lockTTL = 600 * time.Millisecond // see TestGetOrLoadWatchdogKeepsASlowLoadSingle
 	holder := New[product](rdb, WithLockTTL(lockTTL))
-	waiter := New[product](redistest.Client(t, redistest.Addr(t)), WithLockTTL(lockTTL), WithRetry(100, 20*time.Millisecond))
+	waiter := New[product](redistest.Client(t, redistest.Addr(t)), WithLockTTL(lockTTL), WithRetry(300, 20*time.Millisecond))
 	src := &source{delay: 4 * lockTTL, entered: make(chan struct{})}
 	done := make(chan error, 1)
 	go func() { _, err := holder.GetOrLoadMany(t.Context(), keys, src.loadMany); done <- err }()
@@ -325,7 +325,7 @@ func TestGetOrLoadManySharesItsLoadWithGetOrLoad(t *testing.T) {
 	for i := range vals {
 		wg.Go(func() { vals[i], errs[i] = c.GetOrLoad(t.Context(), keys[2], single.load) })
 	}
-	time.Sleep(50 * time.Millisecond) // let them join (a loose bound: late ones find the value)
+	time.Sleep(200 * time.Millisecond) // let them join (a loose bound: a caller that starts after the commit reads Redis)
 	close(src.release)
 	wg.Wait()
 	require.NoError(t, <-done)

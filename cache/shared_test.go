@@ -102,7 +102,11 @@ func TestCachesOnOneClientShareOneSubscription(t *testing.T) {
 		}
 		got <- err
 	}()
-	time.Sleep(200 * time.Millisecond) // the waiter is waiting
+	ch := notifyChannel("", "k")
+	waitFor(t, func() bool { // the waiter is waiting on the subscription (SSUBSCRIBE, or SUBSCRIBE on Redis < 7)
+		return admin.PubSubShardNumSub(t.Context(), ch).Val()[ch]+admin.PubSubNumSub(t.Context(), ch).Val()[ch] == 1
+	})
+	time.Sleep(50 * time.Millisecond) // and has re-read the key after subscribing, or the commit is found, not heard
 	h.open(t, false)
 	select {
 	case err := <-got:

@@ -254,13 +254,16 @@ func TestHoldNeedsAValidLease(t *testing.T) {
 func TestHoldPanicStopsWatchdog(t *testing.T) {
 	_, p := setup(t)
 	f := newRefreshFault(t)
-	l, err := Obtain(t.Context(), faulty(t, f), p+"k", 30*time.Millisecond)
+	// A lease long enough that a slow dial under -race does not end it before
+	// Hold starts; the sleep then spans three of its refresh ticks.
+	const ttl = 300 * time.Millisecond
+	l, err := Obtain(t.Context(), faulty(t, f), p+"k", ttl)
 	require.NoError(t, err)
 	assert.PanicsWithValue(t, "boom", func() {
 		_ = l.Hold(t.Context(), func(context.Context) error { panic("boom") })
 	})
 	n := f.calls.Load()
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(ttl)
 	assert.Equal(t, n, f.calls.Load(), "no refresh after Hold returned")
 }
 

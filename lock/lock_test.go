@@ -208,7 +208,7 @@ func TestLockRedisErrorsWrapped(t *testing.T) {
 		assert.ErrorIs(t, err, redis.ErrClosed, name)
 	}
 
-	dead := redis.NewClient(&redis.Options{Addr: nowhere(t), MaxRetries: -1})
+	dead := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
 	defer dead.Close()
 	_, err = Obtain(t.Context(), dead, key, time.Minute)
 	var op *net.OpError
@@ -492,14 +492,4 @@ func TestRedislockCases(t *testing.T) {
 		assert.Nil(t, l2)
 		assert.ErrorIs(t, l2.Release(t.Context()), ErrNotHeld)
 	})
-}
-
-// nowhere returns a loopback address where nothing listens.
-func nowhere(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
 }

@@ -426,7 +426,7 @@ func TestRedlockStaleReleaseAfterRetry(t *testing.T) {
 }
 
 func TestObtainQuorumBadInput(t *testing.T) {
-	q := []redis.Scripter{redis.NewClient(&redis.Options{Addr: nowhere(t)})}
+	q := []redis.Scripter{redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t)})}
 	defer q[0].(*redis.Client).Close()
 	for _, tc := range []struct {
 		name    string
