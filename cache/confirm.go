@@ -118,7 +118,7 @@ func (t *tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 			return t.confirm(ctx)
 		}
 		defer t.end(seq)
-		return t.await(ctx, cf, reply, recv)
+		return t.await(ctx, cf, marker, reply, recv)
 	}, nil
 }
 
@@ -131,12 +131,8 @@ func (t *tracker) confirm(ctx context.Context) error {
 	seq, marker, cf := t.begin()
 	defer t.end(seq)
 	channel := markChannel(t.prefix)
-	if ring, ok := t.rdb.(*redis.Ring); ok {
-		// No cluster bus: the marker goes to every shard, each after the
-		// write (this runs after it returned).
-		if err := ring.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.Publish(ctx, channel, marker).Err()
-		}); err != nil {
+	if _, ok := t.rdb.(*redis.Ring); ok {
+		if err := t.publishMarker(ctx, marker); err != nil {
 			return err
 		}
 		channel = ""
@@ -146,12 +142,29 @@ func (t *tracker) confirm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return t.await(ctx, cf, reply, recv)
+	return t.await(ctx, cf, marker, reply, recv)
+}
+
+// publishMarker publishes marker to every holder's tracking connections:
+// through the bus of a cluster, on each shard of a Ring (no bus), on the one
+// server otherwise. Called after the write returned, it follows the write's
+// invalidations on every connection.
+func (t *tracker) publishMarker(ctx context.Context, marker string) error {
+	channel := markChannel(t.prefix)
+	if ring, ok := t.rdb.(*redis.Ring); ok {
+		return ring.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.Publish(ctx, channel, marker).Err()
+		})
+	}
+	return t.rdb.Publish(ctx, channel, marker).Err()
 }
 
 // await waits for the acknowledgements of the holders that the
-// confirmation's reply (received at recv) lists, or their leases' ends.
-func (t *tracker) await(ctx context.Context, cf *confirmation, reply []any, recv int64) error {
+// confirmation's reply (received at recv) lists, or their leases' ends. An
+// acknowledgement can be lost (this writer's subscription not confirmed yet,
+// a reconnect on either side): every quarter lease without all of them, the
+// marker is published again, and holders acknowledge it again.
+func (t *tracker) await(ctx context.Context, cf *confirmation, marker string, reply []any, recv int64) error {
 	now, since, leases, err := parseLeases(reply)
 	if err != nil {
 		return err
@@ -172,6 +185,7 @@ func (t *tracker) await(ctx context.Context, cf *confirmation, reply []any, recv
 			need[id] = stretch(end - now)
 		}
 	}
+	askAgain := recv + int64(t.lease/4)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -191,7 +205,16 @@ func (t *tracker) await(ctx context.Context, cf *confirmation, reply []any, recv
 				next = until
 			}
 		}
+		waiting := len(need) > 0
 		cf.mu.Unlock()
+		if waiting && now >= askAgain {
+			_ = t.publishMarker(ctx, marker) // failed: the leases still bound the wait
+			now = nanotime()
+			askAgain = now + int64(t.lease/4)
+		}
+		if waiting && askAgain < next {
+			next = askAgain
+		}
 		if next == 0 {
 			return nil
 		}

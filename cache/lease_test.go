@@ -109,6 +109,38 @@ func TestWriteWaitsOutASilentHolder(t *testing.T) {
 	assert.Zero(t, rdb.Exists(t.Context(), p+"k").Val(), "the Delete itself was done")
 }
 
+// A writer whose own acknowledgement channel is not subscribed yet (a Cache
+// just created, its tracking connection still dialing) loses the holders'
+// first acknowledgements; it asks again (the marker, republished after the
+// write) instead of waiting out their leases.
+func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
+	admin, p := setup(t)
+	// Leases long enough that a late renewal under load does not end the
+	// reader's before the writer's second ask (at a quarter lease).
+	const leaseLen = 3 * time.Second
+	r, _, _ := newNearCache(t, p, WithNearLease(leaseLen))
+	// A registry older than a lease, or the write waits out one lease
+	// whatever the acknowledgements (see TestLostRegistryMakesWritesWaitOneLease).
+	require.NoError(t, admin.HSet(t.Context(), leaseKey(p), "~since", serverMillis(t, admin)-leaseLen.Milliseconds()).Err())
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+		if name, _ := cn.ClientGetName(ctx).Result(); name == "stampede-near" {
+			time.Sleep(400 * time.Millisecond) // the writer's tracking connection comes late
+		}
+		return nil
+	}})
+	t.Cleanup(func() { _ = rdb.Close() })
+	require.NoError(t, rdb.Ping(t.Context()).Err())
+	wev := &events{}
+	w := New[product](rdb, WithPrefix(p), WithNearCache(1<<20), WithNearLease(leaseLen), wev.option())
+	defer w.Close()
+	require.False(t, w.near.track.ready.Load(), "the test wants the write made before the writer's subscription")
+	require.NoError(t, w.Set(t.Context(), "k", product{ID: "v1"}))
+	assert.Zero(t, wev.get(EventNearLeaseWait), "the writer waited out a running holder's lease: its lost acknowledgement was not asked for again")
+	got, err := r.GetOrLoad(t.Context(), "k", (&counter{}).load)
+	require.NoError(t, err)
+	assert.Equal(t, "v1", got.ID)
+}
+
 // Two processes' caches (two clients): writes are acknowledged, not waited
 // out, and the other cache's memory never serves a value after a write of
 // it returned.
