@@ -175,9 +175,12 @@ func TestClusterNearCacheAcrossInstancesAndMigration(t *testing.T) {
 	}
 	// Markers or acknowledgements that do not cross the bus make most of the
 	// writes before the kills (15 initial, 120 in rounds 1 to 8) wait out the
-	// reader's lease. CI saw one on a loaded machine (cause not found: an
-	// acknowledgement or a renewal late by most of a lease would do it); a
-	// wait costs time, never a stale read, which is checked above.
+	// reader's lease. CI saw one on a loaded machine, most likely a v0 write
+	// made before the writer's own subscription was confirmed (its
+	// acknowledgement lost; the writer now asks again, see
+	// TestWriterAsksAgainForLostAcknowledgements); a renewal late by most of
+	// a lease can still cost one. A wait costs time, never a stale read,
+	// which is checked above.
 	if n := waitsBefore; n > 2 {
 		t.Errorf("%d writes waited out the reader's lease with every connection up: its acknowledgements did not come (markers not through the bus?)", n)
 	}
