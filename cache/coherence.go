@@ -63,7 +63,7 @@ type tracker struct {
 	// Strict coherence (lease.go, confirm.go).
 	id         string        // names this holder's lease and its acknowledgement channel
 	leaseKey   string        // the prefix's lease registry
-	markCh     string        // where writers' markers come (cluster, Ring)
+	markCh     string        // where writers' markers come (cluster, Ring; anywhere when asked again)
 	nonceKey   string        // what writers' marker keys begin with (single server)
 	ackCh      string        // where this writer's acknowledgements come
 	lease      time.Duration // see WithNearLease
@@ -198,9 +198,20 @@ func (t *tracker) sync(ctx context.Context) {
 	}
 	t.mu.Lock()
 	changed := len(want) != len(t.nodes)
-	for addr, opt := range want {
+	for addr := range want {
 		if _, ok := t.nodes[addr]; !ok {
 			changed = true
+		}
+	}
+	t.mu.Unlock()
+	if changed {
+		// Before the count of connections changes: a marker counted against
+		// the old set is then acknowledged with memory already empty.
+		t.dropAll(true)
+	}
+	t.mu.Lock()
+	for addr, opt := range want {
+		if _, ok := t.nodes[addr]; !ok {
 			t.nodes[addr] = t.startNode(ctx, addr, opt)
 		}
 	}

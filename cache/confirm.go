@@ -10,10 +10,14 @@
 // on the writer's acknowledgement channel. The writer waits for the
 // acknowledgement of every holder whose lease runs, each at most until its
 // lease ends by the server's clock; a frozen process costs a write at most
-// one lease, never an error. A writer hears its acknowledgements on its own
-// tracking connections, subscribed to its acknowledgement channel too (a
-// holder's PUBLISH reaches it on a single server, through the cluster bus
-// on a cluster, and on the channel's shard on a Ring).
+// one lease, never an error. An acknowledgement lost on the way (published
+// before the writer's own subscription was confirmed, or across a
+// reconnect) is asked for again: the marker is published again, after the
+// write like the first, every quarter lease, at most twice. A writer hears
+// its acknowledgements on its own tracking connections, subscribed to its
+// acknowledgement channel too (a holder's PUBLISH reaches it on a single
+// server, through the cluster bus on a cluster, and on the channel's shard
+// on a Ring).
 
 package cache
 
@@ -25,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -185,7 +190,13 @@ func (t *tracker) await(ctx context.Context, cf *confirmation, marker string, re
 			need[id] = stretch(end - now)
 		}
 	}
-	askAgain := recv + int64(t.lease/4)
+	// Asking again: every quarter lease (the writer's: every process of a
+	// prefix should use the same), at most twice, one ask at a time and off
+	// this goroutine, so that a hung Redis never holds the wait past the
+	// leases; an ask that fails ends the asking.
+	const maxAsks = 2
+	askAgain, asks := recv+int64(t.lease/4), 0
+	var asking, askFailed atomic.Bool
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -207,12 +218,24 @@ func (t *tracker) await(ctx context.Context, cf *confirmation, marker string, re
 		}
 		waiting := len(need) > 0
 		cf.mu.Unlock()
-		if waiting && now >= askAgain {
-			_ = t.publishMarker(ctx, marker) // failed: the leases still bound the wait
-			now = nanotime()
-			askAgain = now + int64(t.lease/4)
+		if askFailed.Load() {
+			asks = maxAsks
 		}
-		if waiting && askAgain < next {
+		if waiting && asks < maxAsks && now >= askAgain {
+			askAgain = now + int64(t.lease/4)
+			if !asking.Swap(true) {
+				asks++
+				go func() {
+					defer asking.Store(false)
+					actx, cancel := context.WithTimeout(ctx, t.lease/4)
+					defer cancel()
+					if t.publishMarker(actx, marker) != nil {
+						askFailed.Store(true)
+					}
+				}()
+			}
+		}
+		if waiting && asks < maxAsks && askAgain < next {
 			next = askAgain
 		}
 		if next == 0 {

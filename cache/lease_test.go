@@ -119,6 +119,11 @@ func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
 	// reader's before the writer's second ask (at a quarter lease).
 	const leaseLen = 3 * time.Second
 	r, _, _ := newNearCache(t, p, WithNearLease(leaseLen))
+	src := &counter{}
+	require.True(t, eventually(func() bool { // the old value in r's memory
+		_, err := r.GetOrLoad(t.Context(), "k", src.load)
+		return err == nil && nearHas(r, "k")
+	}))
 	// A registry older than a lease, or the write waits out one lease
 	// whatever the acknowledgements (see TestLostRegistryMakesWritesWaitOneLease).
 	require.NoError(t, admin.HSet(t.Context(), leaseKey(p), "~since", serverMillis(t, admin)-leaseLen.Milliseconds()).Err())
@@ -136,9 +141,9 @@ func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
 	require.False(t, w.near.track.ready.Load(), "the test wants the write made before the writer's subscription")
 	require.NoError(t, w.Set(t.Context(), "k", product{ID: "v1"}))
 	assert.Zero(t, wev.get(EventNearLeaseWait), "the writer waited out a running holder's lease: its lost acknowledgement was not asked for again")
-	got, err := r.GetOrLoad(t.Context(), "k", (&counter{}).load)
+	got, err := r.GetOrLoad(t.Context(), "k", src.load)
 	require.NoError(t, err)
-	assert.Equal(t, "v1", got.ID)
+	assert.Equal(t, "v1", got.ID, "the reader's memory served the old value after Set returned")
 }
 
 // Two processes' caches (two clients): writes are acknowledged, not waited
