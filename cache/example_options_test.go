@@ -28,6 +28,9 @@ func ExampleWithObserver() {
 	var kinds []cache.EventKind
 	products := cache.New[Product](rdb,
 		cache.WithPrefix(uniquePrefix("example:observer:product:")),
+		// Without a near cache, whose events (near_hit, near_invalidation...)
+		// come from its own goroutines, at times that vary.
+		cache.WithoutNearCache(),
 		cache.WithObserver(func(e cache.Event) {
 			mu.Lock()
 			defer mu.Unlock()
