@@ -43,8 +43,9 @@ import (
 // ctx.Err() at once, the loads going on and being stored for later callers.
 //
 // opts change this call only: a [TTL] applies to every value loadMany
-// returns (the other [CallOption]s do not apply to batches). A ctx already
-// ended returns ctx.Err() at once, without a Redis call or a load.
+// returns, [NoStale] makes values past their TTL misses, [ForceRefresh]
+// loads every key anew as GetOrLoad would. A ctx already ended returns ctx.Err() at
+// once, without a Redis call or a load.
 //
 // The result holds every value found or loaded. The error, nil when every
 // key was answered, joins one error per failed key on one line
@@ -60,11 +61,10 @@ func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany fu
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return nil, err
 	}
-	ctx, _ = withCall(ctx, opts)
 	if loadMany == nil {
 		return nil, ErrNilLoader
 	}
-	b := &batch[V]{c: c, ctx: ctx, loadMany: loadMany, name: make(map[string]string, len(keys))}
+	b := &batch[V]{c: c, ctx: ctx, opts: parseCall(opts), loadMany: loadMany, name: make(map[string]string, len(keys))}
 	for i, k := range keys {
 		full, err := c.key(k)
 		if err != nil {
@@ -84,7 +84,7 @@ func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany fu
 		return b.answer()
 	}
 	done := make(chan struct{})
-	go func() { // ends with the batch's work, bounded by the load timeout and the lease
+	go func() { // ends with the batch's work, bounded by the load timeout and the lock TTL
 		defer close(done)
 		b.run()
 	}()
@@ -101,7 +101,8 @@ func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany fu
 type batch[V any] struct {
 	c        *Cache[V]
 	ctx      context.Context // the caller's: its values, and the end of its waits for other holders
-	loadMany func(context.Context, []string) (map[string]V, error)
+	opts     callOptions
+	loadMany loaderFunc[V]
 	keys     []string          // full keys, deduplicated, in the caller's order
 	name     map[string]string // full key to the caller's key
 
@@ -118,12 +119,10 @@ type batch[V any] struct {
 // heldKey is a key whose load lock this batch took, and the promise that its
 // singleflight flight (if this batch leads it) waits on.
 type heldKey struct {
-	key    string
-	lk     *loadLock
-	locked time.Time // when the read-or-lock that took it was sent
-	done   chan struct{}
-	r      any // *result[V], set before done is closed
-	err    error
+	loadKey
+	done chan struct{}
+	r    any // *result[V], set before done is closed
+	err  error
 }
 
 // settle answers the flight waiting on h, once.
@@ -183,80 +182,22 @@ func (b *batch[V]) put(name string, v V, stale bool) {
 	b.stale = b.stale || stale
 }
 
-// hit answers key's read r (nil: unreadable) as [Cache.found] does, but
-// for the refreshes, which it leaves in b.due for b.refresh to start
-// together. nil means a miss.
+// hit answers key's read r (nil: unreadable) as [Cache.judge] says,
+// leaving the refreshes in b.due for b.refresh to start together. nil
+// means a miss.
 func (b *batch[V]) hit(key string, r *result[V]) *result[V] {
-	c := b.c
-	if r == nil || r.err != nil {
-		return r
-	}
-	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) {
-	case ageFresh:
-	case ageRefresh:
+	r, isDue := b.c.judge(key, r, b.opts.noStale)
+	if isDue {
 		b.due = append(b.due, due[V]{key: key, name: b.name[key], old: r})
-	case ageStale:
-		r.stale = true
-		if r.throttled && r.at.Before(r.fresh.expiry) { // its refresh failed: retried once the throttle ends
-			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
-		} else {
-			b.due = append(b.due, due[V]{key: key, name: b.name[key], old: r}) // EventStaleServed once it is known how
-		}
-		return r
-	default:
-		return nil
 	}
-	c.cfg.emit(EventHit, key, 0, nil)
 	return r
 }
 
-// refresh starts the refreshes of b.due in one background call of
-// loadMany and, as [Cache.serveStale] does for one key, waits up to the
-// soft load timeout for it when a stale value is among them: once for the
-// batch, not once per key. It returns the fresh results that replace stale
-// values, by key, and reports the stale values served.
+// refresh starts the refreshes of b.due together (see refreshDue).
 func (b *batch[V]) refresh(ctx context.Context) map[string]*result[V] {
-	c, ds := b.c, b.due
+	ds := b.due
 	b.due = nil
-	if len(ds) == 0 {
-		return nil
-	}
-	started, done := c.refreshMany(ctx, ds, b.loadMany)
-	soft := c.cfg.softTimeout
-	wait := false
-	for _, d := range ds {
-		wait = wait || d.old.stale && started[d.key] && soft > 0
-	}
-	var got map[string]*result[V]
-	timedOut := false
-	if wait {
-		t := time.NewTimer(soft)
-		defer t.Stop()
-		select {
-		case got = <-done:
-		case <-t.C:
-			timedOut = true
-		}
-	}
-	fresh := map[string]*result[V]{}
-	for _, d := range ds {
-		if !d.old.stale {
-			continue
-		}
-		var why error
-		switch r := got[d.key]; {
-		case !started[d.key] || soft <= 0:
-		case timedOut:
-			why = fmt.Errorf("cache: refresh of %q still running after the soft load timeout (%v): %w", d.key, soft, context.DeadlineExceeded)
-		case r != nil && !r.stale:
-			fresh[d.key] = r
-			continue
-		default:
-			why = ErrRefreshFailed
-		}
-		c.cfg.emit(EventStaleServed, d.key, 0, why)
-	}
-	return fresh
+	return b.c.refreshDue(ctx, ds, b.loadMany, b.opts.ttl)
 }
 
 // single is loadMany for one key, for waits on other holders that end up
@@ -287,20 +228,7 @@ func (b *batch[V]) run() {
 	defer cancel()
 	var waits sync.WaitGroup
 	defer waits.Wait()
-	defer func() {
-		if p := recover(); p != nil {
-			err := &PanicError{in: "batch", Value: p, stack: debug.Stack()}
-			for _, k := range b.keys {
-				b.mu.Lock()
-				_, answered := b.vals[b.name[k]]
-				b.mu.Unlock()
-				if !answered {
-					b.fail(k, err)
-				}
-			}
-			b.giveUp(ctx, err)
-		}
-	}()
+	defer b.recover(ctx)
 
 	if !c.brk.allow() {
 		var uncached []string
@@ -319,21 +247,43 @@ func (b *batch[V]) run() {
 	others, lost := b.readOrLock(ctx, misses, skip)
 	uncached = append(uncached, lost...)
 	for _, k := range others {
-		waits.Go(func() {
-			defer b.guard(k)
-			name := b.name[k]
-			v, err := c.GetOrLoad(b.ctx, name, b.single(k))
-			switch {
-			case errors.Is(err, ErrNotFound):
-			case err != nil:
-				b.fail(k, err)
-			default:
-				b.put(name, v, false)
-			}
-		})
+		waits.Go(func() { b.waitFor(k) })
 	}
 	b.load(ctx, uncached)
 	b.takeLate(ctx)
+}
+
+// recover, deferred by run, turns a panic into the error of every key not
+// answered yet and gives up the locks still held.
+func (b *batch[V]) recover(ctx context.Context) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	err := &PanicError{in: "batch", Value: p, stack: debug.Stack()}
+	for _, k := range b.keys {
+		b.mu.Lock()
+		_, answered := b.vals[b.name[k]]
+		b.mu.Unlock()
+		if !answered {
+			b.fail(k, err)
+		}
+	}
+	b.giveUp(ctx, err)
+}
+
+// waitFor answers key, which another holder is loading, as GetOrLoad would.
+func (b *batch[V]) waitFor(key string) {
+	defer b.guard(key)
+	name := b.name[key]
+	v, err := b.c.getOrLoad(b.ctx, name, b.single(key), b.opts)
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		b.fail(key, err)
+	default:
+		b.put(name, v, false)
+	}
 }
 
 // guard, deferred by a goroutine of the batch working on key, turns a
@@ -365,7 +315,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	classes := c.round(b.keys, errs)
 	hits := make([]*result[V], len(b.keys))
 	for i, k := range b.keys {
-		if errs[i] == nil {
+		if errs[i] == nil && !b.opts.force {
 			raw, _ := cmds[i].Bytes()
 			hits[i] = b.hit(k, c.decode(k, raw, at))
 		}
@@ -373,8 +323,8 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	fresh := b.refresh(ctx)
 	for i, class := range classes {
 		k, err := b.keys[i], errs[i]
-		switch {
-		case err == nil:
+		switch verdictOf(class, err) {
+		case readHit:
 			if hits[i] != nil {
 				if r := fresh[k]; r != nil {
 					hits[i] = r
@@ -386,8 +336,8 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 				skip = map[string][]byte{}
 			}
 			skip[k], _ = cmds[i].Bytes()
-		case errors.Is(err, redis.Nil), isWrongType(err), class == errTransient:
-		case class == errFatal:
+		case readMiss:
+		case readFatal:
 			b.fail(k, fmt.Errorf("cache: redis: %w", err))
 			continue
 		default:
@@ -439,41 +389,51 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 			}
 			continue
 		}
-		res, err := cmds[i].Slice()
-		switch {
-		case err != nil || len(res) != 2:
-			b.fail(k, fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v (%v)", k, res, err))
-		case res[0] == int64(1):
-			s, _ := res[1].(string)
-			queued := len(b.due)
-			if r := b.hit(k, c.decode(k, []byte(s), at)); r == nil {
-				others = append(others, k) // unreadable, or expired already: GetOrLoad's loop deals with it
-			} else if len(b.due) > queued {
-				b.late = append(b.late, k) // answered by takeLate, with its refresh
-			} else {
-				b.take(k, r)
-			}
-		case res[1] == int64(1):
-			h := &heldKey{key: k, lk: lks[i], locked: at, done: make(chan struct{})}
-			b.held = append(b.held, h)
-			// Lead this process's flight of k, so that GetOrLoad callers of k
-			// share this load. If a flight already runs, it waits on the lock
-			// and is woken by the commit; nobody waits on h then.
-			c.group.DoChan(k, func() (any, error) {
-				<-h.done
-				return h.r, h.err
-			})
-		default:
+		if b.locked(k, lks[i], at, cmds[i]) {
 			others = append(others, k)
 		}
 	}
 	if len(orphans) > 0 {
 		// Released in the background, as GetOrLoad does: on a stalled Redis a
 		// second round trip would double the wait before the failure policy
-		// applies. The goroutine ends with the release, bounded by the lease.
-		go c.releaseMany(ctx, orphans)
+		// applies. The goroutine ends with the release, bounded by the lock TTL.
+		go c.endLocks(ctx, releases(orphans))
 	}
 	return others, lost
+}
+
+// locked reads key's read-or-lock reply (sent at at, with lk): a value is
+// answered, a lock taken is held; it reports whether key is to be waited
+// for (another holder, or a value GetOrLoad's loop must deal with).
+func (b *batch[V]) locked(key string, lk *loadLock, at time.Time, cmd *redis.Cmd) (wait bool) {
+	res, err := cmd.Slice()
+	switch {
+	case err != nil || len(res) != 2:
+		b.fail(key, fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v (%v)", key, res, err))
+	case res[0] == int64(1):
+		s, _ := res[1].(string)
+		queued := len(b.due)
+		if r := b.hit(key, b.c.decode(key, []byte(s), at)); r == nil {
+			return true // unreadable, or expired already
+		} else if len(b.due) > queued {
+			b.late = append(b.late, key) // answered by takeLate, with its refresh
+		} else {
+			b.take(key, r)
+		}
+	case res[1] == int64(1):
+		h := &heldKey{loadKey: loadKey{key: key, name: b.name[key], lk: lk, locked: at}, done: make(chan struct{})}
+		b.held = append(b.held, h)
+		// Lead this process's flight of key, so that GetOrLoad callers of it
+		// share this load. If a flight already runs, it waits on the lock
+		// and is woken by the commit; nobody waits on h then.
+		b.c.group.DoChan(key, func() (any, error) {
+			<-h.done
+			return h.r, h.err
+		})
+	default:
+		return true
+	}
+	return false
 }
 
 // takeLate answers the values the read-or-lock found that call for a
@@ -515,84 +475,34 @@ func (b *batch[V]) outage(ctx context.Context, key string, err error) bool {
 }
 
 // load calls loadMany once for the held keys and uncached (keys Redis could
-// not serve, under FailOpen), then commits or releases every held lock and
-// answers the flights waiting on them.
+// not serve, under FailOpen) through the miss path's load (loadFor), and
+// answers the caller and the flights waiting on the held keys.
 func (b *batch[V]) load(ctx context.Context, uncached []string) {
-	c := b.c
 	held := b.held
-	keys := make([]string, 0, len(held)+len(uncached))
-	names := make([]string, 0, cap(keys))
+	keys := make([]loadKey, 0, len(held)+len(uncached))
 	for _, h := range held {
-		keys = append(keys, h.key)
+		keys = append(keys, h.loadKey)
 	}
-	keys = append(keys, uncached...)
+	for _, k := range uncached {
+		keys = append(keys, loadKey{key: k, name: b.name[k]})
+	}
 	if len(keys) == 0 {
 		return
 	}
-	for _, k := range keys {
-		names = append(names, b.name[k])
-	}
-	stop := c.batchWatchdog(ctx, held)
-	opts := newLoadOptions(ctx)
-	began := time.Now()
-	m, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, opts), func(ctx context.Context) (map[string]V, error) {
-		return b.loadMany(ctx, names)
-	})
-	took := time.Since(began)
-	c.cfg.emit(EventLoad, keys[0], took, err)
-	stop()
-	if err != nil {
-		for _, k := range keys {
-			b.fail(k, err)
-		}
-		b.giveUp(ctx, err)
-		return
-	}
-	for _, k := range uncached {
-		if v, ok := m[b.name[k]]; ok {
-			b.put(b.name[k], v, false)
-		}
-	}
-
-	ttl := c.cfg.ttl
-	if opts.ttl > 0 {
-		ttl = opts.ttl
-	}
-	ops := make([]lockOp, len(held))
-	rs := make([]*result[V], len(held))
-	for i, h := range held {
-		ops[i] = lockOp{key: h.key, lk: h.lk}
-		v, ok := m[b.name[h.key]]
-		var err error
-		if ok {
-			rs[i], err = c.outcome(h.key, v, nil)
-		} else {
-			rs[i] = &result[V]{notFound: ErrNotFound}
-		}
-		switch {
-		case err != nil: // the codec refused the value: nothing cached, an error for its callers
-			h.err = err
-		case opts.noCache, rs[i].notFound != nil && c.cfg.notFoundTTL == 0:
-		case rs[i].notFound != nil:
-			ops[i].record, ops[i].px = encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL
-		default:
-			ops[i].record, ops[i].px = c.record(rs[i].data, took, ttl)
-		}
-	}
-	stored := c.commitMany(ctx, ops)
+	rs, errs := b.c.loadFor(ctx, keys, b.loadMany, b.opts.ttl)
 	b.held = nil
-	for i, h := range held {
-		if h.err != nil {
-			b.fail(h.key, h.err)
-			h.settle(nil, h.err)
+	for i, k := range keys {
+		if errs[i] != nil {
+			if i < len(held) {
+				held[i].settle(nil, errs[i])
+			}
+			b.fail(k.key, errs[i])
 			continue
 		}
-		rs[i].at = h.locked
-		if !stored[i].IsZero() {
-			rs[i].at = stored[i]
+		if i < len(held) {
+			held[i].settle(rs[i], nil)
 		}
-		h.settle(rs[i], nil)
-		b.take(h.key, rs[i])
+		b.take(k.key, rs[i])
 	}
 }
 
@@ -601,148 +511,16 @@ func (b *batch[V]) load(ctx context.Context, uncached []string) {
 func (b *batch[V]) giveUp(ctx context.Context, err error) {
 	held := b.held
 	b.held = nil
-	ops := make([]lockOp, len(held))
+	lks := make([]*loadLock, len(held))
 	for i, h := range held {
-		ops[i] = lockOp{key: h.key, lk: h.lk}
+		lks[i] = h.lk
 	}
 	defer func() {
 		for _, h := range held {
 			h.settle(nil, err)
 		}
 	}()
-	b.c.commitMany(ctx, ops)
-}
-
-// lockOp is the end of one held lock: its record committed (fenced), or
-// the lock released when record is nil.
-type lockOp struct {
-	key    string
-	lk     *loadLock
-	record []byte
-	px     time.Duration
-}
-
-// commitMany ends every lock of ops in one pipelined round, as commit and
-// release do for one: fenced by the lock's token, announced to waiters,
-// transient cluster errors retried within the retry budget and the lease.
-// It returns, for each op, when the call that vouches for its value was
-// sent (the commit that stored it, or the release that found the lock still
-// ours, as for [DoNotCache]); zero when the lock was lost.
-func (c *Cache[V]) commitMany(ctx context.Context, ops []lockOp) []time.Time {
-	stored := make([]time.Time, len(ops))
-	if len(ops) == 0 {
-		return stored
-	}
-	ctx, cancel := c.cleanup(ctx)
-	defer cancel()
-	pending := make([]int, len(ops))
-	for i := range pending {
-		pending[i] = i
-	}
-	for attempt := 1; len(pending) > 0; attempt++ {
-		var commits, releases []scriptCall
-		var ci, ri []int
-		for _, i := range pending {
-			op := ops[i]
-			if op.record == nil {
-				releases = append(releases, scriptCall{op.lk.keys(), []any{op.lk.token, "", c.notify.channel(op.key)}})
-				ri = append(ri, i)
-			} else {
-				commits = append(commits, scriptCall{op.lk.keys(), []any{op.lk.token, op.record, op.px.Milliseconds(), c.notify.channel(op.key)}})
-				ci = append(ci, i)
-			}
-		}
-		at := time.Now()
-		cmds := c.evalMany(ctx, commitScript, commitLua, commits, scriptRun{unlockScript, unlockLua, releases})
-		idx := append(ci, ri...)
-		keys, errs := make([]string, len(cmds)), make([]error, len(cmds))
-		for j, cmd := range cmds {
-			keys[j], errs[j] = ops[idx[j]].key, cmd.Err()
-		}
-		var retry []int
-		last := map[int]error{}
-		for j, class := range c.round(keys, errs) {
-			i, op := idx[j], ops[idx[j]]
-			n, err := cmds[j].Int()
-			switch {
-			case class == errTransient:
-				retry = append(retry, i)
-				last[i] = err
-			case err != nil && op.record == nil:
-				c.report(op.key, fmt.Errorf("cache: release lock of %q: %w", op.key, err))
-			case err != nil:
-				c.report(op.key, fmt.Errorf("cache: store %q: %w", op.key, err))
-			case n == 0 && op.record != nil:
-				c.cfg.emit(EventLockLost, op.key, 0, ErrLoadLockLost)
-				c.report(op.key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", op.key, ErrLoadLockLost))
-			case n == 1: // stored, or released while still ours: no Delete or Set came between
-				stored[i] = at
-			}
-		}
-		if len(retry) > 0 && !c.cfg.retry.wait(ctx, attempt) {
-			for _, i := range retry {
-				c.report(ops[i].key, fmt.Errorf("cache: end lock of %q: %w", ops[i].key, last[i]))
-			}
-			break
-		}
-		pending = retry
-	}
-	return stored
-}
-
-// releaseMany gives up locks that may be ours (a read-or-lock whose reply
-// was lost), in one pipelined round.
-func (c *Cache[V]) releaseMany(ctx context.Context, lks []*loadLock) {
-	ops := make([]lockOp, len(lks))
-	for i, lk := range lks {
-		ops[i] = lockOp{key: lk.key, lk: lk}
-	}
-	c.commitMany(ctx, ops)
-}
-
-// batchWatchdog extends every lock of held every lockTTL/3, in one
-// pipelined round, until the returned stop is called, ctx ends or every
-// lock is lost. stop waits for the goroutine to end.
-func (c *Cache[V]) batchWatchdog(ctx context.Context, held []*heldKey) (stop func()) {
-	if len(held) == 0 {
-		return func() {}
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(c.cfg.lockTTL / 3)
-		defer t.Stop()
-		live := append([]*heldKey(nil), held...)
-		for len(live) > 0 {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			calls := make([]scriptCall, len(live))
-			keys := make([]string, len(live))
-			for i, h := range live {
-				calls[i] = scriptCall{h.lk.keys(), []any{h.lk.token, c.cfg.lockTTL.Milliseconds(), ""}}
-				keys[i] = h.key
-			}
-			cmds := c.evalMany(ctx, unlockScript, unlockLua, calls)
-			errs := make([]error, len(cmds))
-			for i, cmd := range cmds {
-				errs[i] = cmd.Err()
-			}
-			c.round(keys, errs)
-			kept := live[:0]
-			for i, h := range live {
-				if !errors.Is(ownerChecked(cmds[i]), ErrLoadLockLost) {
-					kept = append(kept, h) // lost: a Delete or Set voided it, or the lease ran out
-				}
-			}
-			live = kept
-		}
-	})
-	return func() { close(done); wg.Wait() }
+	b.c.endLocks(ctx, releases(lks))
 }
 
 // scriptCall is one run of a script: its keys and arguments.

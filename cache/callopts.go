@@ -5,7 +5,6 @@
 package cache
 
 import (
-	"context"
 	"fmt"
 	"time"
 )
@@ -59,19 +58,6 @@ func ForceRefresh() CallOption { return func(o *callOptions) { o.force = true } 
 // write. GetOrLoadMany and Set ignore it.
 func NoStale() CallOption { return func(o *callOptions) { o.noStale = true } }
 
-// withCall returns ctx carrying opts for the flight it starts (flights run
-// on their first caller's context values), or ctx itself when there are none.
-// Call options share the loader options' context key, so that a loader's
-// context, which carries its own, never passes its caller's options on to
-// calls the loader makes.
-func withCall(ctx context.Context, opts []CallOption) (context.Context, callOptions) {
-	if len(opts) == 0 {
-		return ctx, callOptions{}
-	}
-	o := parseCall(opts)
-	return context.WithValue(ctx, loadOptionsKey{}, &o), o
-}
-
 // parseCall applies opts to the Cache's behaviour.
 func parseCall(opts []CallOption) callOptions {
 	var o callOptions
@@ -79,13 +65,4 @@ func parseCall(opts []CallOption) callOptions {
 		opt(&o)
 	}
 	return o
-}
-
-// callOf returns the options of the call whose context (or flight's
-// context) ctx is; zero outside such a call.
-func callOf(ctx context.Context) callOptions {
-	if o, _ := ctx.Value(loadOptionsKey{}).(*callOptions); o != nil {
-		return *o
-	}
-	return callOptions{}
 }

@@ -8,8 +8,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"reflect"
 	"runtime"
 	"runtime/debug"
@@ -26,10 +24,6 @@ var (
 	//go:embed scripts/read_or_lock.lua
 	readOrLockLua    string
 	readOrLockScript = redis.NewScript(readOrLockLua)
-
-	//go:embed scripts/commit.lua
-	commitLua    string
-	commitScript = redis.NewScript(commitLua)
 )
 
 // Cache is a Redis read-through cache of values of type V that loads each
@@ -141,13 +135,17 @@ type result[V any] struct {
 // loaded value (nothing is cached). Errors the cache absorbs instead of
 // returning go to [WithErrorHook].
 func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error), opts ...CallOption) (V, error) {
+	return c.getOrLoad(ctx, key, load, parseCall(opts))
+}
+
+// getOrLoad is GetOrLoad with its options read.
+func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error), o callOptions) (V, error) {
 	var zero V
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return zero, err
 	}
-	ctx, o := withCall(ctx, opts)
-	if !o.force && !o.noStale {
-		if v, ok := c.nearGet(key); ok && load != nil {
+	if load != nil && !o.force && !o.noStale {
+		if v, ok := c.nearGet(key); ok {
 			return v, nil
 		}
 	}
@@ -164,9 +162,9 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 		var v any
 		var err error
 		if o.force {
-			v, err = c.forced(ctx, key, load)
+			v, err = c.forced(ctx, key, load, o)
 		} else {
-			v, err = c.merged(ctx, key, load)
+			v, err = c.merged(ctx, key, load, o)
 		}
 		if err != nil {
 			return zero, err
@@ -194,10 +192,10 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 // merged with one that began before it, and returns its outcome, or
 // ctx.Err() as soon as ctx ends (the flight goes on, bounded by the load
 // timeout, and ends the goroutine when it is done).
-func (c *Cache[V]) forced(ctx context.Context, key string, load func(context.Context) (V, error)) (any, error) {
+func (c *Cache[V]) forced(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions) (any, error) {
 	done := make(chan outcome, 1)
 	go func() {
-		r, err := c.flight(ctx, key, load)
+		r, err := c.flight(ctx, key, load, o)
 		done <- outcome{r, err}
 	}()
 	select {
@@ -212,14 +210,14 @@ func (c *Cache[V]) forced(ctx context.Context, key string, load func(context.Con
 // values without its cancellation: the GET on a deadline the Cache shares
 // among its flights (no timer of its own for a hit), the miss path on a
 // deadline of its own, both within the load timeout.
-func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Context) (V, error)) (r *result[V], err error) {
+func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions) (r *result[V], err error) {
 	defer func() { // a panic decoding a hit: an error for the callers, not a crash
 		if p := recover(); p != nil {
 			err = &PanicError{in: "flight", Value: p, stack: debug.Stack()}
 		}
 	}()
 	at := time.Now() // one clock read for both: before the GET is sent, as at must be
-	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout, at), key, load, at)
+	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout, at), key, load, o, at)
 }
 
 // sharedDeadline hands flights a context that ends between 3/4 of the
@@ -401,40 +399,89 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 	return class
 }
 
+// report hands an absorbed error to the error hook. Redis refusing writes
+// for want of memory is told once per episode (see health.full), named as
+// such: it is a sizing problem for the operator, not one per key.
+func (c *Cache[V]) report(key string, err error) {
+	if c.classify(err) == errFull {
+		ep := c.share.res.health.episode.Load()
+		if c.share.fullSeen.Swap(ep) == ep {
+			return
+		}
+		err = fmt.Errorf("cache: redis is out of memory (maxmemory): values are not being stored: %w", err)
+	}
+	if c.cfg.onError != nil {
+		c.cfg.onError(key, err)
+	}
+}
+
 // fetch is one flight: read, then read-or-lock until a value or the lock.
 // at is a moment before the read is sent.
-func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error), at time.Time) (*result[V], error) {
+func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, at time.Time) (*result[V], error) {
 	if !c.brk.allow() {
-		return c.redisFailed(ctx, key, c.brk.err(), load)
+		return c.redisFailed(ctx, key, c.brk.err(), load, o)
 	}
 	b, err := c.reads.get(ctx, key)
 	var skip []byte // bytes at key we could not decode, or must reload: a miss, to be replaced
-	switch class := c.redisCall(key, err); {
-	case err == nil:
-		if callOf(ctx).force { // what is there now is to be replaced; a value committed after it is not
+	switch c.readVerdict(key, err) {
+	case readHit:
+		if o.force { // what is there now is to be replaced; a value committed after it is not
 			skip = b
 			break
 		}
-		if r := c.found(ctx, key, load, c.decode(key, b, at)); r != nil {
+		if r := c.found(ctx, key, load, o, c.decode(key, b, at)); r != nil {
 			return r, nil
 		}
 		skip = b
-	case errors.Is(err, redis.Nil), isWrongType(err), class == errTransient:
-	case class == errFatal:
+	case readMiss:
+	case readFatal:
 		return nil, fmt.Errorf("cache: redis: %w", err)
 	default:
-		return c.redisFailed(ctx, key, err, load)
+		return c.redisFailed(ctx, key, err, load, o)
 	}
 	c.cfg.emit(EventMiss, key, 0, nil)
 	// The miss path's own deadline, a whole load timeout from here: the
 	// shared one of the GET may be nearly spent.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 	defer cancel()
+	return c.readOrLock(ctx, key, load, o, skip)
+}
 
+// readVerdict is what a read's reply (its error) means for the miss path.
+type readVerdict uint8
+
+const (
+	readHit    readVerdict = iota // bytes to decode
+	readMiss                      // nothing there, or nothing to wait out but a transient error
+	readFatal                     // misconfiguration: returned under every policy
+	readOutage                    // Redis could not serve: the failure policy decides
+)
+
+// readVerdict records a read's outcome (see redisCall) and says what it
+// means.
+func (c *Cache[V]) readVerdict(key string, err error) readVerdict {
+	return verdictOf(c.redisCall(key, err), err)
+}
+
+// verdictOf is readVerdict for an error already classified.
+func verdictOf(class errClass, err error) readVerdict {
+	switch {
+	case err == nil:
+		return readHit
+	case errors.Is(err, redis.Nil), isWrongType(err), class == errTransient:
+		return readMiss
+	case class == errFatal:
+		return readFatal
+	}
+	return readOutage
+}
+
+// readOrLock runs read-or-lock until it finds a value or takes the lock,
+// waiting for the holder's commit between attempts, at most the retry
+// budget; skip is bytes at key that do not count as a value.
+func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, skip []byte) (*result[V], error) {
 	lk := newLoadLock(key)
-	var waitStart time.Time
-	var transient error // the last transient reply, named if the timeout ends its wait
-	var subscribed bool // a wait has returned early to re-read after subscribing
+	var w waiter
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
 		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
@@ -442,20 +489,20 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		case errNone:
 			if res[0].(int64) == 1 {
 				b := []byte(res[1].(string))
-				if r := c.found(ctx, key, load, c.decode(key, b, at)); r != nil {
-					c.waited(key, waitStart, nil)
+				if r := c.found(ctx, key, load, o, c.decode(key, b, at)); r != nil {
+					c.waited(key, w.start, nil)
 					return r, nil
 				}
 				skip = b
 			} else if res[1].(int64) == 1 {
-				c.waited(key, waitStart, nil)
-				return c.load(ctx, key, lk, at, load, nil)
-			} else if waitStart.IsZero() {
-				waitStart = time.Now()
+				c.waited(key, w.start, nil)
+				return c.loadHeld(ctx, loadKey{key: key, name: key, lk: lk, locked: at}, load, o)
+			} else if w.start.IsZero() {
+				w.start = time.Now()
 				c.cfg.emit(EventLockContended, key, 0, nil)
 			}
 		case errTransient: // a slot migrating, a failover: wait it out like a held lock
-			transient = err
+			w.transient = err
 			if !c.cfg.retry.wait(ctx, attempt) { // no longer transient: say what it was
 				return nil, fmt.Errorf("cache: redis: still failing after %d retries: %w", attempt-1, err)
 			}
@@ -463,33 +510,51 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		case errFatal:
 			return nil, fmt.Errorf("cache: redis: %w", err)
 		case errFull: // OOM refused the lock's SET, which is the script's first write: nothing to release
-			return c.redisFailed(ctx, key, err, load)
+			return c.redisFailed(ctx, key, err, load, o)
 		default:
-			// The lock is ours if only the reply was lost. Release it in the
-			// background: on a stalled Redis a second round trip would double
-			// the wait before the failure policy applies. The goroutine ends
-			// with the release, which is bounded like every commit and release.
-			go c.release(ctx, key, lk, at)
-			if transient != nil && ctx.Err() != nil { // the load timeout ended a transient wait: name both
-				return nil, fmt.Errorf("cache: redis: still failing when the load timeout ended: %w (before it: %w)", err, transient)
-			}
-			return c.redisFailed(ctx, key, err, load)
+			return c.lostReply(ctx, key, lk, err, w.transient, load, o)
 		}
-		if attempt <= c.cfg.retry.max {
-			began := time.Now()
-			if c.notify.wait(ctx, key, c.cfg.retry.backoff) {
-				c.cfg.emit(EventWoken, key, 0, nil)
-			} else if !subscribed && time.Since(began) < c.cfg.retry.backoff/2 && ctx.Err() == nil {
-				attempt--         // the wait only subscribed, so that the next read misses no commit: not a retry
-				subscribed = true // once: any other early return counts, so a flight can never spin
-			}
-		}
-		if attempt > c.cfg.retry.max || ctx.Err() != nil {
+		if !c.wait(ctx, key, &w, &attempt) {
 			err := c.notAcquired(ctx, key)
-			c.waited(key, waitStart, err)
+			c.waited(key, w.start, err)
 			return nil, err
 		}
 	}
+}
+
+// waiter is one flight's wait for another holder.
+type waiter struct {
+	start      time.Time // when it began; zero: no wait yet
+	transient  error     // the last transient reply, named if the timeout ends the wait
+	subscribed bool      // a wait has returned early to re-read after subscribing
+}
+
+// wait waits for key's holder to commit or release (woken by the notifier,
+// or one backoff) and reports whether the flight may try again.
+func (c *Cache[V]) wait(ctx context.Context, key string, w *waiter, attempt *int) bool {
+	if *attempt <= c.cfg.retry.max {
+		began := time.Now()
+		if c.notify.wait(ctx, key, c.cfg.retry.backoff) {
+			c.cfg.emit(EventWoken, key, 0, nil)
+		} else if !w.subscribed && time.Since(began) < c.cfg.retry.backoff/2 && ctx.Err() == nil {
+			*attempt--          // the wait only subscribed, so that the next read misses no commit: not a retry
+			w.subscribed = true // once: any other early return counts, so a flight can never spin
+		}
+	}
+	return *attempt <= c.cfg.retry.max && ctx.Err() == nil
+}
+
+// lostReply ends a read-or-lock whose reply was lost to an outage. The
+// lock is ours if only the reply was lost: it is released in the
+// background, since on a stalled Redis a second round trip would double
+// the wait before the failure policy applies (the goroutine ends with the
+// release, which is bounded like every commit and release).
+func (c *Cache[V]) lostReply(ctx context.Context, key string, lk *loadLock, err, transient error, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
+	go c.endLocks(ctx, releases([]*loadLock{lk}))
+	if transient != nil && ctx.Err() != nil { // the load timeout ended a transient wait: name both
+		return nil, fmt.Errorf("cache: redis: still failing when the load timeout ended: %w (before it: %w)", err, transient)
+	}
+	return c.redisFailed(ctx, key, err, load, o)
 }
 
 // waited reports the end of a wait for another holder, if there was one.
@@ -539,212 +604,31 @@ func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
 	return r
 }
 
-// found answers a flight with a record it read (nil: unreadable): fresh
-// values at once, values due for refresh after starting it in the
-// background, stale ones as stale serving says. nil means a miss.
-func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Context) (V, error), r *result[V]) *result[V] {
-	if r == nil {
-		return nil
-	}
-	if r.err != nil {
-		return r
-	}
-	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
-	case ageFresh:
-	case ageRefresh:
-		c.refresh(ctx, key, load, r)
-	case ageStale: // a value kept after a failed refresh is retried once its throttle ends
-		if callOf(ctx).noStale {
-			return nil // a miss for this flight: reloaded under the lock
+// found answers a flight with a record it read (nil: unreadable), as
+// judge says; a value due for refresh is refreshed in the background, and
+// a stale one may be replaced by its refresh (see refreshDue). nil means a
+// miss.
+func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, r *result[V]) *result[V] {
+	r, isDue := c.judge(key, r, o.noStale)
+	if isDue {
+		ds := []due[V]{{key: key, name: key, old: r}}
+		if f := c.refreshDue(ctx, ds, loadOne(load), o.ttl)[key]; f != nil {
+			return f
 		}
-		return c.serveStale(ctx, key, load, r, r.throttled && r.at.Before(r.fresh.expiry))
-	default:
-		return nil
 	}
-	c.cfg.emit(EventHit, key, 0, nil)
 	return r
 }
 
-// load runs the loader as the lock holder (the lock taken by the call sent
-// at locked), with the watchdog extending the lease, and commits the outcome.
-// When the loader fails and stale is the payload of a stale value (a
-// refresh under [WithStale]), that value is kept for the throttle instead.
-func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked time.Time, load func(context.Context) (V, error), stale []byte) (*result[V], error) {
-	stop := c.watchdog(ctx, key, lk)
-	began := time.Now()
-	opts := newLoadOptions(ctx)
-	v, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, opts), load)
-	took := time.Since(began)
-	c.cfg.emit(EventLoad, key, took, err)
-	stop()
-	r, err := c.outcome(key, v, err)
-	switch {
-	case err != nil && stale != nil:
-		c.report(key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", key, c.cfg.throttle, err))
-		record := encodeFresh(flagThrottled, freshness{expiry: time.Now().Add(c.cfg.throttle), load: took}, stale)
-		c.commit(ctx, key, lk, locked, record, addSat(c.cfg.throttle, c.cfg.stale))
-	case err != nil:
-		c.release(ctx, key, lk, locked)
-	case opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0:
-		r.at = c.release(ctx, key, lk, locked) // callers merged with the load get it (see DoNotCache)
-	case r.notFound != nil:
-		r.at = c.commit(ctx, key, lk, locked, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
-	default:
-		ttl := c.cfg.ttl
-		if opts.ttl > 0 {
-			ttl = opts.ttl
-		}
-		record, px := c.record(r.data, took, ttl)
-		r.at = c.commit(ctx, key, lk, locked, record, px)
-	}
-	return r, err
-}
-
-// record wraps a value loaded in took for a TTL of ttl (before jitter); px
-// is how long Redis keeps it: the TTL plus what stale serving and early
-// refresh need past it.
-func (c *Cache[V]) record(data []byte, took, ttl time.Duration) (record []byte, px time.Duration) {
-	ttl = c.jittered(ttl)
-	if !c.cfg.withFreshness() {
-		return encodeRecord(0, data), ttl
-	}
-	return encodeFresh(0, freshness{expiry: time.Now().Add(ttl), load: took}, data), addSat(ttl, c.cfg.keep(took))
-}
-
-// outcome turns what the loader returned into a flight result. On success
-// every caller, the first included, decodes the encoded bytes, so that all
-// see exactly what the cache stores.
-func (c *Cache[V]) outcome(key string, v V, err error) (*result[V], error) {
-	var pe *PanicError
-	switch {
-	case errors.As(err, &pe): // even a panic with ErrNotFound is a failure
-		return nil, err
-	case errors.Is(err, ErrNotFound): // the loader's wrapping is not kept: a cached read could not give it back
-		return &result[V]{notFound: ErrNotFound}, nil
-	case err != nil:
-		return nil, err
-	}
-	data, err := c.marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("cache: encode value for %q: %w", key, err)
-	}
-	return &result[V]{data: data}, nil
-}
-
-// marshal encodes v; a panicking codec becomes an error here, while the lock
-// is still held, so that the lock is released.
-func (c *Cache[V]) marshal(v V) (data []byte, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = &PanicError{in: "codec", Value: p, stack: debug.Stack()}
-		}
-	}()
-	return c.cfg.codec.Marshal(v)
-}
-
-// cleanup gives commit and release a context that outlives the flight's
-// deadline, bounded by the lease: an abandoned lock would block every
-// process for a whole lease.
-func (c *Cache[V]) cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
-}
-
-// commit writes record if the lock is still ours, retrying transient cluster
-// errors within the lease. The loaded value is returned to the callers
-// either way: it is what the source said, only a newer writer (or a Delete)
-// keeps it out of Redis. It returns the time that vouches for the value:
-// the commit's when stored, else the lock's acquisition (locked).
-func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, locked time.Time, record []byte, ttl time.Duration) time.Time {
-	ctx, cancel := c.cleanup(ctx)
-	defer cancel()
-	for attempt := 1; ; attempt++ {
-		at := time.Now()
-		n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds(), c.notify.channel(key)).Int()
-		class := c.redisCall(key, err)
-		switch {
-		case class == errTransient && c.cfg.retry.wait(ctx, attempt):
-			continue
-		case err != nil:
-			c.report(key, fmt.Errorf("cache: store %q: %w", key, err))
-		case n == 0:
-			c.cfg.emit(EventLockLost, key, 0, ErrLoadLockLost)
-			c.report(key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", key, ErrLoadLockLost))
-		default:
-			return at
-		}
-		return locked
-	}
-}
-
-// release gives the lock up; if it is no longer ours there is nothing to do.
-// Like commit, it returns the time that vouches for what the holder loaded:
-// the release's when the lock was still ours (no Delete or Set came
-// between), else locked.
-func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock, locked time.Time) time.Time {
-	ctx, cancel := c.cleanup(ctx)
-	defer cancel()
-	for attempt := 1; ; attempt++ {
-		at := time.Now()
-		err := lk.release(ctx, c.rdb, c.notify.channel(key))
-		if c.redisCall(key, err) == errTransient && c.cfg.retry.wait(ctx, attempt) {
-			continue
-		}
-		if err == nil {
-			return at
-		}
-		if !errors.Is(err, ErrLoadLockLost) {
-			c.report(key, fmt.Errorf("cache: release lock of %q: %w", key, err))
-		}
-		return locked
-	}
-}
-
-// report hands an absorbed error to the error hook. Redis refusing writes
-// for want of memory is told once per episode (see health.full), named as
-// such: it is a sizing problem for the operator, not one per key.
-func (c *Cache[V]) report(key string, err error) {
-	if c.classify(err) == errFull {
-		ep := c.share.res.health.episode.Load()
-		if c.share.fullSeen.Swap(ep) == ep {
-			return
-		}
-		err = fmt.Errorf("cache: redis is out of memory (maxmemory): values are not being stored: %w", err)
-	}
-	if c.cfg.onError != nil {
-		c.cfg.onError(key, err)
-	}
-}
-
-// watchdog extends lk every lockTTL/3 until the returned stop is called or
-// the lock turns out to be lost. stop waits for the goroutine to end.
-func (c *Cache[V]) watchdog(ctx context.Context, key string, lk *loadLock) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(c.cfg.lockTTL / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				err := lk.extend(ctx, c.rdb, c.cfg.lockTTL)
-				if errors.Is(err, ErrLoadLockLost) {
-					return
-				}
-				c.redisCall(key, err)
-			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
+// loadHeld loads k, whose lock the flight holds, and commits it.
+func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
+	rs, errs := c.loadFor(ctx, []loadKey{k}, loadOne(load), o.ttl)
+	return rs[0], errs[0]
 }
 
 // redisFailed applies the failure policy to a Redis outage, or to Redis
 // refusing the lock for want of memory (OOM), which FailOpen meets as it
 // meets an outage: one load per key per process at a time, uncached.
-func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error)) (*result[V], error) {
+func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
 	if !errors.Is(err, ErrCircuitOpen) {
 		err = fmt.Errorf("cache: redis: %w", err)
 	}
@@ -754,30 +638,5 @@ func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load 
 	if !errors.Is(err, ErrCircuitOpen) { // an open breaker is reported once, as EventBreakerOpen
 		c.report(key, err)
 	}
-	began := time.Now()
-	v, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, newLoadOptions(ctx)), load) // SetTTL works, though nothing is stored
-	c.cfg.emit(EventLoad, key, time.Since(began), err)
-	r, err := c.outcome(key, v, err)
-	if r != nil {
-		r.at = began // read from the source after this: a caller that joined later asks again
-	}
-	return r, err
-}
-
-// addSat is a+b, saturating instead of overflowing for huge TTLs.
-func addSat(a, b time.Duration) time.Duration {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
-}
-
-// jittered spreads d by the configured fraction, to at least 1ms and without
-// overflowing for huge TTLs.
-func (c *Cache[V]) jittered(d time.Duration) time.Duration {
-	delta := time.Duration(c.cfg.jitter * (2*rand.Float64() - 1) * float64(d))
-	if delta > 0 && d > math.MaxInt64-delta {
-		return math.MaxInt64
-	}
-	return max(d+delta, time.Millisecond)
+	return c.loadHeld(ctx, loadKey{key: key, name: key}, load, o) // SetTTL works, though nothing is stored
 }

@@ -15,15 +15,8 @@ type loadOptions struct {
 	noCache bool
 }
 
-// loadOptionsKey is the context key of a loader's *loadOptions and of a
-// call's *callOptions (see withCall): one key, so that each hides the other.
+// loadOptionsKey is the context key of a loader's *loadOptions.
 type loadOptionsKey struct{}
-
-// newLoadOptions starts a loader's options from the call options its
-// flight runs with (ctx): a [TTL] given to the call.
-func newLoadOptions(ctx context.Context) *loadOptions {
-	return &loadOptions{ttl: callOf(ctx).ttl}
-}
 
 // SetTTL, called by a loader with the context it was given, sets the TTL of
 // the value it is about to return, instead of the call's [TTL] or the

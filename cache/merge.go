@@ -18,11 +18,12 @@ type flightCall[V any] struct {
 	ctx  context.Context
 	key  string
 	load func(context.Context) (V, error)
+	opts callOptions         // the first caller's: they decide the flight
 	fn   func() (any, error) // fc.flight, bound when fc was made
 	done chan outcome        // buffered: a worker never blocks on a caller that left
 }
 
-func (fc *flightCall[V]) flight() (any, error) { return fc.c.flight(fc.ctx, fc.key, fc.load) }
+func (fc *flightCall[V]) flight() (any, error) { return fc.c.flight(fc.ctx, fc.key, fc.load, fc.opts) }
 
 // run is the worker's side of merged.
 func (fc *flightCall[V]) run() {
@@ -38,13 +39,13 @@ type outcome struct {
 // merged runs key's flight with load, or waits for the flight already
 // running, and returns its outcome; or ctx.Err() as soon as ctx ends, the
 // flight going on without this caller.
-func (c *Cache[V]) merged(ctx context.Context, key string, load func(context.Context) (V, error)) (any, error) {
+func (c *Cache[V]) merged(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions) (any, error) {
 	fc, _ := c.calls.Get().(*flightCall[V])
 	if fc == nil {
 		fc = &flightCall[V]{c: c, done: make(chan outcome, 1)}
 		fc.fn = fc.flight
 	}
-	fc.ctx, fc.key, fc.load = ctx, key, load
+	fc.ctx, fc.key, fc.load, fc.opts = ctx, key, load, o
 	if ctx.Done() == nil { // nothing can end this caller's wait: no goroutine, no channel
 		v, err, _ := c.group.Do(key, fc.fn)
 		c.reuse(fc)
@@ -62,7 +63,7 @@ func (c *Cache[V]) merged(ctx context.Context, key string, load func(context.Con
 
 // reuse returns fc, which nothing uses any more, to the pool.
 func (c *Cache[V]) reuse(fc *flightCall[V]) {
-	fc.ctx, fc.key, fc.load = nil, "", nil // keep nothing of the caller alive
+	fc.ctx, fc.key, fc.load, fc.opts = nil, "", nil, callOptions{} // keep nothing of the caller alive
 	c.calls.Put(fc)
 }
 

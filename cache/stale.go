@@ -5,7 +5,6 @@ package cache
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"time"
 )
@@ -141,29 +140,32 @@ func markStale(ctx context.Context) {
 	}
 }
 
-// serveStale answers a flight that found a stale value: at once, or after
-// waiting up to the soft load timeout for the refresh it starts.
-func (c *Cache[V]) serveStale(ctx context.Context, key string, load func(context.Context) (V, error), r *result[V], throttled bool) *result[V] {
-	r.stale = true
-	if throttled {
-		c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
-		return r
+// judge decides what a flight does with a record it read (nil: unreadable)
+// by its age: a fresh value is a hit, one due for early refresh a hit with
+// its refresh due, a stale one is served (unless noStale) with its refresh
+// due, or without one while a failed refresh's throttle lasts. A nil hit
+// is a miss.
+func (c *Cache[V]) judge(key string, r *result[V], noStale bool) (hit *result[V], isDue bool) {
+	if r == nil || r.err != nil {
+		return r, false
 	}
-	done := c.refresh(ctx, key, load, r)
-	var why error
-	if done != nil && c.cfg.softTimeout > 0 {
-		t := time.NewTimer(c.cfg.softTimeout)
-		defer t.Stop()
-		select {
-		case fresh := <-done:
-			if fresh != nil && !fresh.stale {
-				return fresh
-			}
-			why = ErrRefreshFailed
-		case <-t.C:
-			why = fmt.Errorf("cache: refresh of %q still running after the soft load timeout (%v): %w", key, c.cfg.softTimeout, context.DeadlineExceeded)
+	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
+	case ageFresh:
+	case ageRefresh:
+		isDue = true
+	case ageStale:
+		if noStale {
+			return nil, false // a miss for this flight: reloaded under the lock
 		}
+		r.stale = true
+		if r.throttled && r.at.Before(r.fresh.expiry) { // its refresh failed: retried once the throttle ends
+			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
+			return r, false
+		}
+		return r, true // EventStaleServed once it is known how (see refreshDue)
+	default:
+		return nil, false
 	}
-	c.cfg.emit(EventStaleServed, key, 0, why)
-	return r
+	c.cfg.emit(EventHit, key, 0, nil)
+	return r, isDue
 }

@@ -1,0 +1,356 @@
+// load.go is the second half of the one miss path that GetOrLoad,
+// GetOrLoadMany and the refreshes share: one loader call for the keys whose
+// load lock the caller took (and, under FailOpen, keys Redis could not
+// serve), the locks extended meanwhile, each key's outcome turned into a
+// record, and every lock ended in one fenced round.
+
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/commit.lua
+	commitLua    string
+	commitScript = redis.NewScript(commitLua)
+)
+
+// loaderFunc loads the values of the callers' keys it is given; a key it
+// leaves out of the map does not exist.
+type loaderFunc[V any] func(ctx context.Context, names []string) (map[string]V, error)
+
+// loadOne adapts GetOrLoad's loader of one key to a loaderFunc. Its
+// [ErrNotFound] (never a panic's) is the key left out of the map.
+func loadOne[V any](load func(context.Context) (V, error)) loaderFunc[V] {
+	return func(ctx context.Context, names []string) (map[string]V, error) {
+		v, err := load(ctx)
+		var pe *PanicError
+		switch {
+		case errors.Is(err, ErrNotFound) && !errors.As(err, &pe):
+			return nil, nil
+		case err != nil:
+			return nil, err
+		}
+		return map[string]V{names[0]: v}, nil
+	}
+}
+
+// loadKey is one key of a load.
+type loadKey struct {
+	key    string    // full key
+	name   string    // the caller's key, as the loader takes it
+	lk     *loadLock // nil: Redis could not serve the key, which is loaded uncached
+	locked time.Time // when the call that took lk was sent
+	// fallback is the payload of a stale value being refreshed under
+	// WithStale: kept for the throttle if the load fails.
+	fallback []byte
+}
+
+// loadFor calls load once for keys, extending their locks meanwhile, and
+// ends every lock: the value committed (fenced by the lock's token) or the
+// lock released. ttl is the call's TTL (0: the Cache's); the loader's
+// [SetTTL] wins. Each key gets its result or its error, index-aligned with
+// keys; a result's at is when the call that vouches for it was sent (see
+// result.at).
+func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[V], ttl time.Duration) ([]*result[V], []error) {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.name
+	}
+	stop := c.watchdog(ctx, keys)
+	opts := &loadOptions{ttl: ttl}
+	began := time.Now()
+	m, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, opts), func(ctx context.Context) (map[string]V, error) {
+		return load(ctx, names)
+	})
+	took := time.Since(began)
+	c.cfg.emit(EventLoad, keys[0].key, took, err)
+	stop()
+
+	rs, errs := make([]*result[V], len(keys)), make([]error, len(keys))
+	var ends []lockEnd
+	var held []int // ends[j] is keys[held[j]]'s
+	for i, k := range keys {
+		if err != nil {
+			errs[i] = err
+		} else {
+			v, ok := m[k.name]
+			rs[i], errs[i] = c.outcome(k.key, v, ok)
+		}
+		if k.lk == nil {
+			if rs[i] != nil {
+				rs[i].at = began // read from the source after this: a caller that joined later asks again
+			}
+			continue
+		}
+		ends = append(ends, c.endOf(k, rs[i], errs[i], opts, took))
+		held = append(held, i)
+	}
+	stored := c.endLocks(ctx, ends)
+	for j, i := range held {
+		if rs[i] != nil {
+			rs[i].at = keys[i].locked
+			if !stored[j].IsZero() {
+				rs[i].at = stored[j]
+			}
+		}
+	}
+	return rs, errs
+}
+
+// outcome turns what the loader returned for key into a flight result. On
+// success every caller, the first included, decodes the encoded bytes, so
+// that all see exactly what the cache stores.
+func (c *Cache[V]) outcome(key string, v V, ok bool) (*result[V], error) {
+	if !ok {
+		return &result[V]{notFound: ErrNotFound}, nil
+	}
+	data, err := c.marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("cache: encode value for %q: %w", key, err)
+	}
+	return &result[V]{data: data}, nil
+}
+
+// endOf is how k's lock ends after its load: the record to commit, or a
+// release (no record) when there is nothing to store.
+func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, took time.Duration) lockEnd {
+	end := lockEnd{key: k.key, lk: k.lk}
+	switch {
+	case err != nil && k.fallback != nil: // stale-if-error: keep the old value for the throttle
+		c.report(k.key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", k.key, c.cfg.throttle, err))
+		end.record = encodeFresh(flagThrottled, freshness{expiry: time.Now().Add(c.cfg.throttle), load: took}, k.fallback)
+		end.px = addSat(c.cfg.throttle, c.cfg.stale)
+	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0:
+		// released: callers merged with the load get it (see DoNotCache)
+	case r.notFound != nil:
+		end.record, end.px = encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL
+	default:
+		ttl := c.cfg.ttl
+		if opts.ttl > 0 {
+			ttl = opts.ttl
+		}
+		end.record, end.px = c.record(r.data, took, ttl)
+	}
+	return end
+}
+
+// record wraps a value loaded in took for a TTL of ttl (before jitter); px
+// is how long Redis keeps it: the TTL plus what stale serving and early
+// refresh need past it.
+func (c *Cache[V]) record(data []byte, took, ttl time.Duration) (record []byte, px time.Duration) {
+	ttl = c.jittered(ttl)
+	if !c.cfg.withFreshness() {
+		return encodeRecord(0, data), ttl
+	}
+	return encodeFresh(0, freshness{expiry: time.Now().Add(ttl), load: took}, data), addSat(ttl, c.cfg.keep(took))
+}
+
+// marshal encodes v; a panicking codec becomes an error here, while the lock
+// is still held, so that the lock is released.
+func (c *Cache[V]) marshal(v V) (data []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{in: "codec", Value: p, stack: debug.Stack()}
+		}
+	}()
+	return c.cfg.codec.Marshal(v)
+}
+
+// lockEnd is the end of one held lock: its record committed (fenced), or
+// the lock released when record is nil.
+type lockEnd struct {
+	key    string
+	lk     *loadLock
+	record []byte
+	px     time.Duration
+}
+
+// releases is ends that give up every lock of lks.
+func releases(lks []*loadLock) []lockEnd {
+	ends := make([]lockEnd, len(lks))
+	for i, lk := range lks {
+		ends[i] = lockEnd{key: lk.key, lk: lk}
+	}
+	return ends
+}
+
+// endLocks ends every lock of ends in one round: fenced by the lock's
+// token, announced to waiters, transient cluster errors retried within the
+// retry budget and the lock TTL (an abandoned lock would block every
+// process for a whole lock TTL, so this outlives the flight's deadline).
+// It returns, for each end, when the call that vouches for its value was
+// sent (the commit that stored it, or the release that found the lock still
+// ours, as for [DoNotCache]); zero when the lock was lost.
+func (c *Cache[V]) endLocks(ctx context.Context, ends []lockEnd) []time.Time {
+	stored := make([]time.Time, len(ends))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
+	defer cancel()
+	pending := make([]int, len(ends))
+	for i := range pending {
+		pending[i] = i
+	}
+	for attempt := 1; len(pending) > 0; attempt++ {
+		var commits, releases []scriptCall
+		var ci, ri []int
+		for _, i := range pending {
+			e := ends[i]
+			if e.record == nil {
+				releases = append(releases, scriptCall{e.lk.keys(), []any{e.lk.token, "", c.notify.channel(e.key)}})
+				ri = append(ri, i)
+			} else {
+				commits = append(commits, scriptCall{e.lk.keys(), []any{e.lk.token, e.record, e.px.Milliseconds(), c.notify.channel(e.key)}})
+				ci = append(ci, i)
+			}
+		}
+		at := time.Now()
+		cmds := c.eval(ctx, scriptRun{commitScript, commitLua, commits}, scriptRun{unlockScript, unlockLua, releases})
+		retry := c.ended(ends, append(ci, ri...), cmds, stored, at)
+		if len(retry) > 0 && !c.cfg.retry.wait(ctx, attempt) {
+			for i, err := range retry {
+				c.report(ends[i].key, fmt.Errorf("cache: end lock of %q: %w", ends[i].key, err))
+			}
+			break
+		}
+		pending = slices.Sorted(maps.Keys(retry))
+	}
+	return stored
+}
+
+// ended reads one round of endLocks (cmds[j] ended ends[idx[j]], sent at
+// at), marks what was stored and returns the ends to retry, with their
+// errors.
+func (c *Cache[V]) ended(ends []lockEnd, idx []int, cmds []*redis.Cmd, stored []time.Time, at time.Time) (retry map[int]error) {
+	keys, errs := make([]string, len(cmds)), make([]error, len(cmds))
+	for j, cmd := range cmds {
+		keys[j], errs[j] = ends[idx[j]].key, cmd.Err()
+	}
+	for j, class := range c.round(keys, errs) {
+		i, e := idx[j], ends[idx[j]]
+		n, err := cmds[j].Int()
+		switch {
+		case class == errTransient:
+			if retry == nil {
+				retry = map[int]error{}
+			}
+			retry[i] = err
+		case err != nil && e.record == nil:
+			c.report(e.key, fmt.Errorf("cache: release lock of %q: %w", e.key, err))
+		case err != nil:
+			c.report(e.key, fmt.Errorf("cache: store %q: %w", e.key, err))
+		case n == 0 && e.record != nil:
+			c.cfg.emit(EventLockLost, e.key, 0, ErrLoadLockLost)
+			c.report(e.key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", e.key, ErrLoadLockLost))
+		case n == 1: // stored, or released while still ours: no Delete or Set came between
+			stored[i] = at
+		}
+	}
+	return retry
+}
+
+// eval runs the calls of runs in one round (see evalMany); a single call
+// goes alone, as redis.Script.Run sends it.
+func (c *Cache[V]) eval(ctx context.Context, runs ...scriptRun) []*redis.Cmd {
+	var only *scriptRun
+	n := 0
+	for i := range runs {
+		if n += len(runs[i].calls); len(runs[i].calls) > 0 {
+			only = &runs[i]
+		}
+	}
+	if n == 1 {
+		call := only.calls[0]
+		return []*redis.Cmd{only.script.Run(ctx, c.rdb, call.keys, call.args...)}
+	}
+	if n == 0 {
+		return nil
+	}
+	return c.evalMany(ctx, runs[0].script, runs[0].src, runs[0].calls, runs[1:]...)
+}
+
+// watchdog extends the locks of keys every lockTTL/3, in one round, until
+// the returned stop is called, ctx ends or every lock is lost. stop waits
+// for the goroutine to end.
+func (c *Cache[V]) watchdog(ctx context.Context, keys []loadKey) (stop func()) {
+	var live []loadKey
+	for _, k := range keys {
+		if k.lk != nil {
+			live = append(live, k)
+		}
+	}
+	if len(live) == 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(c.cfg.lockTTL / 3)
+		defer t.Stop()
+		for len(live) > 0 {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			live = c.extend(ctx, live)
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// extend sets the lock TTL of every lock of live anew and returns those
+// still held (a lost one was voided by a Delete or Set, or ran out).
+func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
+	calls := make([]scriptCall, len(live))
+	keys := make([]string, len(live))
+	for i, k := range live {
+		calls[i] = scriptCall{k.lk.keys(), []any{k.lk.token, c.cfg.lockTTL.Milliseconds(), ""}}
+		keys[i] = k.key
+	}
+	cmds := c.eval(ctx, scriptRun{unlockScript, unlockLua, calls})
+	errs := make([]error, len(cmds))
+	for i, cmd := range cmds {
+		errs[i] = cmd.Err()
+	}
+	c.round(keys, errs)
+	kept := live[:0]
+	for i, k := range live {
+		if !errors.Is(ownerChecked(cmds[i]), ErrLoadLockLost) {
+			kept = append(kept, k)
+		}
+	}
+	return kept
+}
+
+// addSat is a+b, saturating instead of overflowing for huge TTLs.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// jittered spreads d by the configured fraction, to at least 1ms and without
+// overflowing for huge TTLs.
+func (c *Cache[V]) jittered(d time.Duration) time.Duration {
+	delta := time.Duration(c.cfg.jitter * (2*rand.Float64() - 1) * float64(d))
+	if delta > 0 && d > math.MaxInt64-delta {
+		return math.MaxInt64
+	}
+	return max(d+delta, time.Millisecond)
+}
