@@ -13,7 +13,9 @@
 // start, sends every concurrent request to the database at once: a cache
 // stampede. [Cache.GetOrLoad] lets one caller across all the processes
 // sharing the Redis load the value; the others wait for it and read it from
-// Redis.
+// Redis. Hot values are then served from process memory by the near cache,
+// which is on by default; other hits cost one Redis GET, shared by the
+// callers that ask at the same time.
 //
 // # The API
 //
@@ -30,8 +32,9 @@
 // Options set the TTL ([WithTTL], [WithJitter]) and the keys
 // ([WithPrefix]); serve stale values while the database fails ([WithStale],
 // [WithResultInfo], [WithSoftLoadTimeout]); refresh hot keys before they
-// expire ([WithEarlyRefresh], on by default); keep hot values in memory
-// ([WithNearCache]); bound the waits ([WithLoadTimeout], [WithRetry],
+// expire ([WithEarlyRefresh], on by default); size or turn off the near
+// cache ([WithNearCache], on by default with 32 MiB; [WithoutNearCache]);
+// bound the waits ([WithLoadTimeout], [WithRetry],
 // [WithLockTTL]); report ([WithObserver], [WithErrorHook], [WithLogger]);
 // and encode values ([WithCodec], JSON by default).
 //
@@ -41,18 +44,30 @@
 // all goroutines of all processes; a crashed loader holds the others up for
 // at most the lock TTL (5s), and a frozen one can never overwrite a newer
 // value. A call that begins after [Cache.Delete] or [Cache.Set] returned,
-// in any process, never gets the old value (but see the near cache and
-// [WithReplicaReads]). A loader's error or panic is returned, not cached. A
-// Cache is safe for concurrent use.
+// in any process, never gets the old value, from Redis or from a near
+// cache (not across a Redis failover, nor with [WithReplicaReads]). A
+// loader's error or panic is returned, not cached. A Cache is safe for
+// concurrent use.
 //
 // # Near cache
 //
-// [WithNearCache] serves hot values from process memory with no Redis round
-// trip. Redis reports every write of a key under the prefix, by anyone,
-// and the value is dropped in every process; this process's own Delete and
-// Set drop it before they return, other processes one network delay later.
-// While a process cannot be sure it receives those reports it reads
-// through Redis.
+// The near cache, on by default ([WithNearCache] sets its budget,
+// [WithoutNearCache] turns it off), serves hot values from process memory
+// with no Redis round trip. Redis reports every write of a key under the
+// prefix, by anyone, and the value is dropped in every process. A process
+// serves memory only while it holds a lease ([WithNearLease], 1s), and
+// [Cache.Delete] and [Cache.Set] return once every process that may hold
+// the key has dropped it or its lease has run out, which costs a write a
+// hop to each other process and back. While a process cannot be sure it
+// receives those reports it reads through Redis. Writes by other programs
+// are not waited for.
+//
+// # Read coalescing
+//
+// Callers of one key in a process share one flight, and the GETs of
+// concurrent flights go out together without a timer: a read that finds
+// none on the wire goes at once, and the reads that arrive meanwhile go out
+// as one MGET when it returns (one per slot and master on a cluster).
 //
 // # Failure policy
 //
@@ -66,9 +81,12 @@
 // returned under every policy.
 //
 // How it works, step by step (the load lock, the fenced commit, notified
-// waiters, read coalescing, the early-refresh draw, the record format, the
-// keys and channels it uses): docs/PROTOCOL.md in the repository,
-// https://github.com/stampede-go/stampede/blob/main/docs/PROTOCOL.md. For a
+// waiters, read coalescing, the early-refresh draw, the near cache's
+// leases, the record format, the keys and channels it uses): docs/PROTOCOL.md
+// in the repository,
+// https://github.com/stampede-go/stampede/blob/main/docs/PROTOCOL.md; every
+// guarantee with what it assumes and costs: docs/GUARANTEES.md,
+// https://github.com/stampede-go/stampede/blob/main/docs/GUARANTEES.md. For a
 // lock on its own (one instance at a time runs a job), see package
 // github.com/stampede-go/stampede/lock.
 package cache
