@@ -631,12 +631,7 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 	if outage {
 		class = errOutage
 	}
-	switch c.brk.record(class, first) {
-	case +1:
-		c.cfg.emit(EventBreakerOpen, keys[0], 0, first)
-	case -1:
-		c.cfg.emit(EventBreakerClose, keys[0], 0, nil)
-	}
+	c.brk.record(keys[0], class, first)
 	return classes
 }
 

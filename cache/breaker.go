@@ -7,6 +7,7 @@ package cache
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -26,6 +27,38 @@ type breaker struct {
 	fails     atomic.Int32          // consecutive outages
 	until     atomic.Int64          // 0: closed; else the nanotime of the next probe
 	why       atomic.Pointer[error] // what the calls it keeps from Redis get: set when it opens
+
+	mu      sync.Mutex
+	hearers map[*config]struct{} // the Caches it serves, told of every transition; protected by mu
+}
+
+// listen makes cfg hear the breaker's transitions (EventBreakerOpen,
+// EventBreakerClose), whichever Cache's call caused them; stop undoes it.
+func (b *breaker) listen(cfg *config) (stop func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.hearers == nil {
+		b.hearers = map[*config]struct{}{}
+	}
+	b.hearers[cfg] = struct{}{}
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(b.hearers, cfg)
+	}
+}
+
+// tell sends a transition to every Cache the breaker serves, once each.
+func (b *breaker) tell(kind EventKind, key string, err error) {
+	b.mu.Lock()
+	hearers := make([]*config, 0, len(b.hearers))
+	for cfg := range b.hearers {
+		hearers = append(hearers, cfg)
+	}
+	b.mu.Unlock()
+	for _, cfg := range hearers {
+		cfg.emit(kind, key, 0, err)
+	}
 }
 
 // allow reports whether a call may go to Redis: always while closed; once per
@@ -51,9 +84,20 @@ func (b *breaker) err() error {
 	return ErrCircuitOpen
 }
 
-// record counts a Redis call's outcome (err, of class c); it reports
+// record counts the outcome of a Redis call of key (err, of class c) and
+// tells every Cache the breaker serves when it opens or closes with it.
+func (b *breaker) record(key string, c errClass, err error) {
+	switch b.count(c, err) {
+	case +1:
+		b.tell(EventBreakerOpen, key, err)
+	case -1:
+		b.tell(EventBreakerClose, key, nil)
+	}
+}
+
+// count counts a Redis call's outcome (err, of class c); it reports
 // whether the breaker opened (+1) or closed (-1) with it.
-func (b *breaker) record(c errClass, err error) int {
+func (b *breaker) count(c errClass, err error) int {
 	if b.health != nil {
 		b.health.observe(c, err)
 	}

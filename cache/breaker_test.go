@@ -155,3 +155,42 @@ func proxyTo(t *testing.T, addr, upstream string) {
 		}
 	})
 }
+
+// TestSharedBreakerTellsEveryCache: two Caches on one client share a
+// breaker; the observer of the first must hear every transition, whichever
+// Cache's call (and whichever path: Set, Delete, GetOrLoad, FailClosed)
+// moved it, once each.
+func TestSharedBreakerTellsEveryCache(t *testing.T) {
+	addr := freeAddr(t)
+	rdb, _ := dialCounter(t, addr)
+	var opened, closed atomic.Int64
+	first := New[product](rdb, WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithObserver(func(e Event) {
+		switch e.Kind {
+		case EventBreakerOpen:
+			opened.Add(1)
+		case EventBreakerClose:
+			closed.Add(1)
+		}
+	}))
+	defer first.Close()
+	second := New[product](rdb, WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithFailurePolicy(FailClosed))
+	defer second.Close()
+	src := &counter{}
+	for range 10 { // only the second Cache's calls: the first must still hear
+		_, _ = second.GetOrLoad(t.Context(), "k", src.load)
+	}
+	assert.Equal(t, int64(1), opened.Load(), "breaker_open heard by the first Cache, opened by the second's calls")
+	for range 40 {
+		_ = first.Set(t.Context(), "k", product{ID: "1"})
+		_ = first.Delete(t.Context(), "k")
+		_, _ = first.GetOrLoad(t.Context(), "k", src.load)
+		_, _ = second.GetOrLoad(t.Context(), "k", src.load)
+	}
+	proxyTo(t, addr, redistest.Addr(t))
+	waitFor(t, func() bool {
+		_, err := second.GetOrLoad(t.Context(), "k", src.load)
+		return err == nil
+	})
+	assert.GreaterOrEqual(t, opened.Load(), int64(1))
+	assert.Equal(t, opened.Load(), closed.Load(), "every opening heard is followed by one closing")
+}

@@ -329,7 +329,7 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 			c.group.Forget(k) // later callers must not join a flight that began before the delete
 		}
 	}()
-	return c.writeConfirmed(ctx, full, c.classify,
+	return c.writeConfirmed(ctx, full, func(err error) errClass { return c.redisCall(full[0], err) },
 		func(p redis.Pipeliner) { delCmds(ctx, p, full) },
 		func() error { return c.del(ctx, full) })
 }
@@ -387,12 +387,7 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 		err = nil
 	}
 	class := c.classify(err)
-	switch c.brk.record(class, err) {
-	case +1:
-		c.cfg.emit(EventBreakerOpen, key, 0, err)
-	case -1:
-		c.cfg.emit(EventBreakerClose, key, 0, nil)
-	}
+	c.brk.record(key, class, err)
 	if class != errNone {
 		c.cfg.emit(EventRedisError, key, 0, err)
 	}

@@ -193,9 +193,10 @@ func WithRetry(maxRetries int, backoff time.Duration) Option {
 // password, say) never open it, nor does Redis refusing writes for want of
 // memory (OOM: it still serves reads). The caches of one client with the
 // same settings share one breaker, so that an outage one meets keeps all
-// of them off Redis at once ([EventBreakerOpen] goes to the observer of
-// the Cache whose call opened it); caches with other settings have their
-// own. While open, calls get an error matching [ErrCircuitOpen] that names
+// of them off Redis at once, and each of them hears [EventBreakerOpen] and
+// [EventBreakerClose] once per transition, whichever Cache's call caused
+// it (the event's Key is that call's key); caches with other settings have
+// their own. While open, calls get an error matching [ErrCircuitOpen] that names
 // the address and the failure that opened it. Default: 5 failures, 1s
 // ([DefaultBreakerFailures], [DefaultBreakerCoolDown]). See
 // [WithoutCircuitBreaker].

@@ -65,6 +65,7 @@ type share struct {
 	decodes  decodeReports // undecodable records reported to this Cache's hook
 	logger   loggerRef     // registered with res.health while held
 	fullSeen atomic.Uint64 // the last memory-pressure episode this Cache's hook was told of
+	unlisten func()        // stops this Cache hearing the breaker
 	once     sync.Once
 }
 
@@ -108,6 +109,9 @@ func acquire(rdb redis.UniversalClient, cfg *config, vt reflect.Type) *share {
 		r.refs = 1
 	}
 	s := &share{res: r, brk: r.breaker(breakerConfig{cfg.breaker.failures, cfg.breaker.coolDown})}
+	// A copy of what emit uses: the breaker outlives a Cache dropped without
+	// Close, which must stay collectable (see New).
+	s.unlisten = s.brk.listen(&config{observer: cfg.observer, onError: cfg.onError})
 	s.notify = r.notify.withPrefix(cfg.prefix)
 	s.prefix, s.claimed = cfg.prefix, claimed
 	s.logger = cfg.loggerRef()
@@ -152,6 +156,7 @@ func (r *clientRes) breaker(bc breakerConfig) *breaker {
 func (s *share) release() {
 	s.once.Do(func() {
 		r := s.res
+		s.unlisten()
 		r.health.unregister(s.logger)
 		registry.mu.Lock()
 		r.refs--
