@@ -1,9 +1,9 @@
-// lease_test.go tests strict coherence's pieces one by one (lease.go,
-// confirm.go): a process without a lease serves nothing, a holder that does
-// not acknowledge is waited for until its lease ends, a lost registry makes
-// writes wait out one lease, Close gives the lease back, and the registry
-// and marker keys are reserved. The whole is attacked across OS processes
-// in reliability/near_test.go.
+// lease_test.go tests strict coherence through a Cache, piece by piece
+// (internal/coherence tests the tracker alone): a process without a lease
+// serves nothing, a holder that does not acknowledge is waited for until its
+// lease ends, a lost registry makes writes wait out one lease, Close gives
+// the lease back, and the registry and marker keys are reserved. The whole
+// is attacked across OS processes in reliability/near_test.go.
 
 package cache
 
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,7 +53,7 @@ func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
 	logs := &logCapture{}
 	c := New[product](rdb, WithPrefix("nl:"), ev.option(), WithLogger(slog.New(logs)))
 	defer c.Close()
-	require.True(t, eventually(func() bool { return c.near.track.ready.Load() }), "never sure of its invalidations")
+	require.True(t, eventually(func() bool { return c.near.track.Sure() }), "never sure of its invalidations")
 	src := &counter{}
 	for range 200 {
 		_, err := c.GetOrLoad(t.Context(), "k", src.load)
@@ -93,14 +94,14 @@ func TestWriteWaitsOutASilentHolder(t *testing.T) {
 	defer c.Close()
 	require.True(t, eventually(func() bool { return nearReady(c) }))
 	lease := 400 * time.Millisecond
-	require.NoError(t, rdb.HSet(t.Context(), leaseKey(p), "silent", serverMillis(t, rdb)+lease.Milliseconds()).Err())
+	require.NoError(t, rdb.HSet(t.Context(), coherence.RegistryKey(p), "silent", serverMillis(t, rdb)+lease.Milliseconds()).Err())
 
 	began := time.Now()
 	require.NoError(t, c.Set(t.Context(), "k", product{ID: "a"}))
 	assert.GreaterOrEqual(t, time.Since(began), lease/2, "Set returned long before the silent holder's lease ended")
 	assert.Equal(t, int64(1), ev.get(EventNearLeaseWait))
 
-	require.NoError(t, rdb.HSet(t.Context(), leaseKey(p), "silent", serverMillis(t, rdb)+10_000).Err())
+	require.NoError(t, rdb.HSet(t.Context(), coherence.RegistryKey(p), "silent", serverMillis(t, rdb)+10_000).Err())
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	err := c.Delete(ctx, "k")
@@ -126,7 +127,7 @@ func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
 	}))
 	// A registry older than a lease, or the write waits out one lease
 	// whatever the acknowledgements (see TestLostRegistryMakesWritesWaitOneLease).
-	require.NoError(t, admin.HSet(t.Context(), leaseKey(p), "~since", serverMillis(t, admin)-leaseLen.Milliseconds()).Err())
+	require.NoError(t, admin.HSet(t.Context(), coherence.RegistryKey(p), "~since", serverMillis(t, admin)-leaseLen.Milliseconds()).Err())
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), OnConnect: func(ctx context.Context, cn *redis.Conn) error {
 		if name, _ := cn.ClientGetName(ctx).Result(); name == "stampede-near" {
 			time.Sleep(400 * time.Millisecond) // the writer's tracking connection comes late
@@ -138,7 +139,7 @@ func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
 	wev := &events{}
 	w := New[product](rdb, WithPrefix(p), WithNearCache(1<<20), WithNearLease(leaseLen), wev.option())
 	defer w.Close()
-	require.False(t, w.near.track.ready.Load(), "the test wants the write made before the writer's subscription")
+	require.False(t, w.near.track.Sure(), "the test wants the write made before the writer's subscription")
 	require.NoError(t, w.Set(t.Context(), "k", product{ID: "v1"}))
 	assert.Zero(t, wev.get(EventNearLeaseWait), "the writer waited out a running holder's lease: its lost acknowledgement was not asked for again")
 	got, err := r.GetOrLoad(t.Context(), "k", src.load)
@@ -181,7 +182,7 @@ func TestLostRegistryMakesWritesWaitOneLease(t *testing.T) {
 	require.NoError(t, c.Set(t.Context(), "k", product{ID: "a"}))
 	quick := time.Since(began)
 
-	require.NoError(t, rdb.Del(t.Context(), leaseKey(p)).Err())
+	require.NoError(t, rdb.Del(t.Context(), coherence.RegistryKey(p)).Err())
 	began = time.Now()
 	require.NoError(t, c.Set(t.Context(), "k", product{ID: "b"}))
 	assert.GreaterOrEqual(t, time.Since(began), lease/2, "Set after the registry was lost (the first took %v)", quick)
@@ -192,10 +193,10 @@ func TestCloseResigns(t *testing.T) {
 	rdb, p := setup(t)
 	c := New[product](rdb, WithPrefix(p))
 	require.True(t, eventually(func() bool { return nearReady(c) }))
-	id := c.near.track.id
-	require.True(t, eventually(func() bool { return rdb.HExists(t.Context(), leaseKey(p), id).Val() }), "never registered")
+	id := c.near.track.ID()
+	require.True(t, eventually(func() bool { return rdb.HExists(t.Context(), coherence.RegistryKey(p), id).Val() }), "never registered")
 	require.NoError(t, c.Close())
-	assert.False(t, rdb.HExists(t.Context(), leaseKey(p), id).Val(), "a closed cache still holds its lease")
+	assert.False(t, rdb.HExists(t.Context(), coherence.RegistryKey(p), id).Val(), "a closed cache still holds its lease")
 }
 
 // The registry and the marker keys are reserved: no value can be stored
@@ -204,7 +205,7 @@ func TestCoherenceKeysAreReserved(t *testing.T) {
 	rdb, p := setup(t)
 	c := New[product](rdb, WithPrefix(p))
 	defer c.Close()
-	for _, k := range []string{leaseKey(p), markKeyPrefix(p) + "w:1"} {
+	for _, k := range []string{coherence.RegistryKey(p), coherence.MarkKeyPrefix(p) + "w:1"} {
 		local := strings.TrimPrefix(k, p)
 		err := c.Set(t.Context(), local, product{})
 		assert.True(t, errors.Is(err, ErrReservedKey), "Set(%q): %v", local, err)
@@ -296,28 +297,4 @@ func TestNearCacheFollowsItsClientToAnotherServer(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "new", v.ID)
 	}
-}
-
-// A marker counts once per connection: published twice (a script retried
-// after a lost reply) and heard twice on one master's connection, it does
-// not stand for the other master's, whose invalidation may still be on its
-// way. Markers that never come on every connection are forgotten after two
-// leases.
-func TestMarkerCountsConnectionsNotCopies(t *testing.T) {
-	tr := &tracker{id: "me", lease: time.Second, marks: map[string]*markSeen{}, acks: make(chan string, 8)}
-	tr.nnodes.Store(2)
-	a, b := &node{}, &node{}
-	tr.marked(a, "writer:1")
-	tr.marked(a, "writer:1")
-	assert.Empty(t, tr.acks, "acknowledged after one connection's copies")
-	tr.marked(b, "writer:1")
-	require.Len(t, tr.acks, 1)
-	assert.Equal(t, "writer:1", <-tr.acks)
-
-	tr.marked(a, "writer:2")
-	tr.forgetMarks()
-	assert.Len(t, tr.marks, 1, "a marker forgotten within two leases")
-	tr.marks["writer:2"].at -= int64(3 * time.Second)
-	tr.forgetMarks()
-	assert.Empty(t, tr.marks)
 }

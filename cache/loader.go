@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -70,7 +71,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 		panic("cache: New: nil Redis client")
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
-	c.registry, c.markKeys = leaseKey(c.cfg.prefix), markKeyPrefix(c.cfg.prefix)
+	c.registry, c.markKeys = coherence.RegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify

@@ -1,7 +1,8 @@
 // near.go is the near cache: fresh values kept in process memory, bounded by
 // bytes, so that a hot key's hit is a memory read instead of a Redis round
 // trip. The store is otter (W-TinyLFU admission: a scan of cold keys does not
-// flush the hot ones); coherence.go drops what other writes made old.
+// flush the hot ones); internal/coherence drops what other writes made old
+// and says when memory may be served.
 
 package cache
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 )
 
 // nearEntryOverhead is what an entry costs besides its key and payload: the
@@ -33,6 +35,7 @@ const (
 	// it whatever the size of the keyspace.
 	defaultNearBytes  = 32 << 20
 	defaultNearMaxAge = 2 * time.Second
+	defaultNearLease  = time.Second
 )
 
 // WithNearCache sets the byte budget of the near cache (keys, payloads and
@@ -105,6 +108,15 @@ func WithNearMaxAge(d time.Duration) Option {
 	return func(c *config) { c.near.maxAge, c.near.maxAgeSet = d, true }
 }
 
+// WithNearLease sets the coherence lease of the near cache: how long a
+// process may serve memory without proving it still receives invalidations,
+// and so the longest a write waits for a process that stopped answering
+// (frozen, partitioned, its connection killed). Renewed every quarter of it.
+// Default: 1s. It has no effect without the near cache.
+func WithNearLease(d time.Duration) Option {
+	return func(c *config) { c.near.lease, c.near.leaseSet = d, true }
+}
+
 // WithNearShared makes near-cache hits return the one decoded value kept in
 // memory, shared by every caller, instead of decoding a copy for each: the
 // fastest path, for values that callers treat as read-only (a caller that
@@ -167,7 +179,7 @@ type cloner[V any] interface{ Clone() V }
 type near[V any] struct {
 	store  *otter.Cache[string, *nearEntry[V]] // by the caller's key: no prefix to add on a hit
 	prefix string
-	track  *tracker
+	track  *coherence.Tracker
 	shared bool // hand out e.v itself
 	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
@@ -197,35 +209,39 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		},
 	})
 	health := &c.share.res.health // not c: the near cache must not keep its Cache alive
-	n.track = newTracker(c.rdb, cfg.prefix, cfg.near.lease, func(key string, all bool) {
-		if all {
-			if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
-				n.store.InvalidateAll()
-				cfg.emit(EventNearDrop, "", 0, nil)
+	n.track = coherence.New(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
+		OnDrop: func(key string, all bool) {
+			if all {
+				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
+					n.store.InvalidateAll()
+					cfg.emit(EventNearDrop, "", 0, nil)
+				}
+				return
 			}
-			return
-		}
-		local, ok := strings.CutPrefix(key, n.prefix)
-		if !ok {
-			return // another program's key (a cache without a prefix tracks all)
-		}
-		if _, ok := n.store.Invalidate(local); ok {
-			cfg.emit(EventNearInvalidation, key, 0, nil)
-		}
-	}, func(holder string) {
-		cfg.emit(EventNearLeaseWait, holder, 0, nil)
-	}, func(err error) {
-		health.log(slog.LevelError, "cache: near cache not serving: Redis refused a command it needs (see the README's Redis ACLs); reads go to Redis",
-			"redis", health.addr, "prefix", cfg.prefix, "err", err)
+			local, ok := strings.CutPrefix(key, n.prefix)
+			if !ok {
+				return // another program's key (a cache without a prefix tracks all)
+			}
+			if _, ok := n.store.Invalidate(local); ok {
+				cfg.emit(EventNearInvalidation, key, 0, nil)
+			}
+		},
+		OnLapse: func(holder string) {
+			cfg.emit(EventNearLeaseWait, holder, 0, nil)
+		},
+		OnRefused: func(err error) {
+			health.log(slog.LevelError, "cache: near cache not serving: Redis refused a command it needs (see the README's Redis ACLs); reads go to Redis",
+				"redis", health.addr, "prefix", cfg.prefix, "err", err)
+		},
 	})
 	return n
 }
 
 // get returns the value of the caller's key (without the prefix) from
-// memory, if it is there, fresh, and the tracker is sure of its
-// invalidations.
+// memory, if it is there, fresh, and the tracker is serving (sure of its
+// invalidations, its lease running).
 func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
-	if !n.track.leaseHeld() || c.brk.open() {
+	if !n.track.Serving() || c.brk.open() {
 		return v, false
 	}
 	e, ok := n.store.GetIfPresent(key)
@@ -246,8 +262,8 @@ func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 // key (or of everything) came since tk was taken. It stores first and checks
 // after, removing its own entry if the check fails: an invalidation that
 // lands between a check and a store could otherwise leave an old value.
-func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
-	if !tk.ok || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.expiry.IsZero() {
+func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V]) {
+	if !tk.OK() || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.expiry.IsZero() {
 		return
 	}
 	if c.cfg.replicaReads && c.cluster {
@@ -274,7 +290,7 @@ func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
 	}
 	local := strings.Clone(key[len(n.prefix):]) // not a slice that keeps the prefixed key alive
 	n.store.Set(local, e)
-	if !n.track.valid(tk) {
+	if !n.track.Valid(tk) {
 		n.store.ComputeIfPresent(local, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
 			if old == e {
 				return nil, otter.InvalidateOp
@@ -286,7 +302,7 @@ func (n *near[V]) keep(c *Cache[V], key string, tk ticket, r *result[V]) {
 
 func (n *near[V]) close() {
 	n.closeOnce.Do(func() {
-		n.track.close()
+		n.track.Close()
 		n.store.InvalidateAll()
 		n.store.StopAllGoroutines()
 	})
@@ -303,30 +319,25 @@ func nearSupported(rdb redis.UniversalClient) bool {
 
 // writeConfirmed runs a write of keys (keys[0] names it in errors) within
 // the retry budget, outcome classifying its errors, and with a near cache
-// its confirmation (confirm.go): on a single server the write's commands
-// (pipe) and the confirmation in one pipeline, elsewhere the write (direct)
-// and then the confirmation. Once the write is done, this process's memory
-// drops keys before the wait for the others.
+// its confirmation (coherence.Tracker.Write): on a single server the
+// write's commands (pipe) and the confirmation in one pipeline, elsewhere
+// the write (direct) and then the confirmation. Once the write is done,
+// this process's memory drops keys before the wait for the others.
 func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome func(error) errClass, pipe func(redis.Pipeliner), direct func() error) error {
 	for attempt := 1; ; attempt++ {
 		var wait func() error
 		var err error
-		if c.near != nil && c.near.track.inline() {
-			wait, err = c.near.track.writeInline(ctx, pipe)
+		if c.near != nil {
+			wait, err = c.near.track.Write(ctx, pipe, direct)
 		} else {
 			err = direct()
 		}
 		if outcome(err) == errNone {
 			c.nearDrop(keys...)
-			switch {
-			case c.near == nil:
+			if wait == nil {
 				return nil
-			case wait == nil:
-				err = c.near.track.confirm(ctx)
-			default:
-				err = wait()
 			}
-			if err != nil { // the write is done: say so
+			if err := wait(); err != nil { // the write is done: say so
 				return fmt.Errorf("cache: %q written, but near caches not confirmed: %w", keys[0], err)
 			}
 			return nil
@@ -339,11 +350,11 @@ func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome fu
 
 // nearTicket takes a ticket for a read of key (a zero one without a near
 // cache).
-func (c *Cache[V]) nearTicket(key string) ticket {
+func (c *Cache[V]) nearTicket(key string) coherence.Ticket {
 	if c.near == nil {
-		return ticket{}
+		return coherence.Ticket{}
 	}
-	return c.near.track.take(key)
+	return c.near.track.Ticket(key)
 }
 
 // nearDrop drops key from this process's memory before a write of it
@@ -353,7 +364,7 @@ func (c *Cache[V]) nearDrop(keys ...string) {
 		return
 	}
 	for _, k := range keys {
-		c.near.track.invalidate(k)
+		c.near.track.Invalidate(k)
 	}
 }
 

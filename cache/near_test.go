@@ -28,7 +28,7 @@ type events struct{ n [64]atomic.Int64 }
 func (e *events) observe(ev Event)      { e.n[ev.Kind].Add(1) }
 func (e *events) get(k EventKind) int64 { return e.n[k].Load() }
 func (e *events) option() Option        { return WithObserver(e.observe) }
-func nearReady[V any](c *Cache[V]) bool { return c.near.track.leaseHeld() } // serving: sure and leased
+func nearReady[V any](c *Cache[V]) bool { return c.near.track.Serving() } // sure and leased
 func nearHas[V any](c *Cache[V], k string) bool {
 	_, ok := c.near.store.GetIfPresent(k)
 	return ok
@@ -272,9 +272,9 @@ func TestNearCacheReplyOlderThanInvalidationIsNotKept(t *testing.T) {
 	require.NoError(t, err)
 	reader.near.store.InvalidateAll()
 
-	gen0 := reader.near.track.gens[reader.near.track.stripe(p+"k")].Load()
+	tk0 := reader.near.track.Ticket(p + "k")
 	h.write = func() { direct.Set(ctx, p+"k", "written by someone else", 0) }
-	h.applied = func() bool { return reader.near.track.gens[reader.near.track.stripe(p+"k")].Load() > gen0 }
+	h.applied = func() bool { return reader.near.track.Invalidated(tk0) }
 	h.armed.Store(true) // publishes write and applied to the hook's goroutine
 	v, err := reader.GetOrLoad(ctx, "k", src.load)
 	require.NoError(t, err)
@@ -338,13 +338,9 @@ func TestNearCacheDropsEverythingWhenTheConnectionIsLost(t *testing.T) {
 // trackingClientID is the id of c's invalidation connection (one node).
 func trackingClientID(t *testing.T, c *Cache[product]) int64 {
 	t.Helper()
-	c.near.track.mu.Lock()
-	defer c.near.track.mu.Unlock()
-	require.Len(t, c.near.track.nodes, 1)
-	for _, n := range c.near.track.nodes {
-		return n.id.Load()
-	}
-	return 0
+	ids := c.near.track.ConnIDs()
+	require.Len(t, ids, 1)
+	return ids[0]
 }
 
 func TestNearCacheServesNothingWhileTheBreakerIsOpen(t *testing.T) {
@@ -381,8 +377,8 @@ func TestNearCacheStaysWithinItsBudget(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	for i := range keys {
 		key := p + strconv.Itoa(i)
-		tk := c.near.track.take(key)
-		require.True(t, tk.ok)
+		tk := c.near.track.Ticket(key)
+		require.True(t, tk.OK())
 		for range 2 { // twice: a key seen once may be refused by the admission filter
 			c.near.keep(c, key, tk, &result[product]{data: payload, hasV: true, fresh: fresh})
 		}

@@ -1,0 +1,108 @@
+// ack.go is the holder's side of a write: acknowledge it once its marker came on every connection.
+
+package coherence
+
+import (
+	"context"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// markSeen is a marker seen on some of the tracking connections.
+type markSeen struct {
+	on map[*node]bool // the connections it came on: a marker published twice (a retried script) must not count twice
+	at int64          // nanotime it first came
+}
+
+// marked handles a writer's marker ("<writer>:<seq>") received on n: once it
+// has come on every connection, each of them has delivered the write's
+// invalidation, and the write is acknowledged.
+func (t *Tracker) marked(n *node, marker string) {
+	writer, _, ok := strings.Cut(marker, ":")
+	if !ok || writer == t.id {
+		return // this process's own write dropped its copies before asking
+	}
+	t.mmu.Lock()
+	m := t.marks[marker]
+	if m == nil {
+		m = &markSeen{on: map[*node]bool{}, at: nanotime()}
+		t.marks[marker] = m
+	}
+	m.on[n] = true
+	if len(m.on) < int(t.nnodes.Load()) {
+		t.mmu.Unlock()
+		return
+	}
+	delete(t.marks, marker)
+	t.mmu.Unlock()
+	t.sendAck(marker)
+}
+
+// ackAll acknowledges every marker seen on some connections only: memory was
+// just emptied, so no old value is left to drop.
+func (t *Tracker) ackAll() {
+	t.mmu.Lock()
+	marks := t.marks
+	t.marks = map[string]*markSeen{}
+	t.mmu.Unlock()
+	for m := range marks {
+		t.sendAck(m)
+	}
+}
+
+// forgetMarks drops markers first seen over two leases ago that never came
+// on every connection (a publish that failed on some shard): their writers
+// stopped waiting a lease after writing.
+func (t *Tracker) forgetMarks() {
+	old := nanotime() - 2*int64(t.lease)
+	t.mmu.Lock()
+	defer t.mmu.Unlock()
+	for k, m := range t.marks {
+		if m.at < old {
+			delete(t.marks, k)
+		}
+	}
+}
+
+// sendAck queues an acknowledgement; a full queue drops it (the writer then
+// waits for this holder's lease: slower, never wrong).
+func (t *Tracker) sendAck(marker string) {
+	select {
+	case t.acks <- marker:
+	default:
+	}
+}
+
+// ackLoop publishes the queued acknowledgements, those queued together in
+// one pipeline, until ctx ends.
+func (t *Tracker) ackLoop(ctx context.Context) {
+	defer t.done.Done()
+	for {
+		var batch []string
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-t.acks:
+			batch = append(batch, m)
+		}
+	drain:
+		for len(batch) < 256 {
+			select {
+			case m := <-t.acks:
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		pctx, cancel := context.WithTimeout(ctx, t.lease)
+		_, _ = t.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
+			for _, m := range batch {
+				writer, seq, _ := strings.Cut(m, ":")
+				p.Publish(pctx, ackChannel(t.prefix, writer), t.id+":"+seq)
+			}
+			return nil
+		})
+		cancel()
+	}
+}

@@ -1,0 +1,57 @@
+// doc.go tells what the package promises and how the tracker keeps it.
+
+// Package coherence keeps a near cache (values in process memory) strictly
+// coherent with Redis: a read that begins after a write of its key returned,
+// in any process, never gets the old value from memory. The near cache asks
+// a [Tracker] for three things: whether memory may be served at all
+// ([Tracker.Serving]), whether a reply read from Redis may be kept
+// ([Tracker.Ticket], [Tracker.Valid]), and, for its own writes, to announce
+// them and wait for the other processes ([Tracker.Write]). The tracker
+// removes values from memory through [Hooks.OnDrop].
+//
+// # Invalidations
+//
+// On every master (or Ring shard) a private RESP2 connection asks Redis for
+// client-side caching invalidations in broadcast mode (CLIENT TRACKING ON
+// REDIRECT <itself> BCAST PREFIX <prefix>) and listens on
+// __redis__:invalidate. Redis then reports every write of a key under the
+// prefix, by any client (this library, another program, redis-cli, an
+// expiry or an eviction), so the key is dropped from memory in every
+// process that holds it.
+//
+// A process is sure of its invalidations only while every such connection
+// is subscribed; whenever one is lost, reconnects, or the set of masters
+// changes, the whole near cache is dropped and memory is not served until
+// the connections are back. Reads begun before a drop or an invalidation of
+// their key are not kept (see [Ticket]): the race between a read's reply and
+// the invalidation of its key cannot leave an old value in memory.
+//
+// # Leases
+//
+// Invalidations alone are eventually coherent: Redis sends them without
+// waiting for the other clients, so a write could return before another
+// process dropped the old value. As in Chubby's cache leases (Burrows, OSDI
+// 2006, section 2.5), a process serves memory only while it holds a
+// coherence lease, and a lease is renewed only by proving, on every tracking
+// connection, that the invalidations Redis sent before the renewal have
+// arrived (lease.go). Writers wait for each live holder's acknowledgement of
+// their write or for the end of its lease (confirm.go), so a process that
+// stops hearing Redis (frozen, partitioned, its subscription killed) stops
+// serving memory before any writer gives up on it.
+//
+// # Markers and acknowledgements
+//
+// After its write, a writer announces it with a marker (its id and the
+// write's number) that reaches every holder after the write's invalidation,
+// on every tracking connection. A holder that has seen the marker on all of
+// them has dropped the old value, and says so on the writer's
+// acknowledgement channel (ack.go). The writer waits for the acknowledgement
+// of every holder whose lease runs, each at most until its lease ends by the
+// server's clock: a frozen process costs a write at most one lease, never an
+// error. An acknowledgement lost on the way (published before the writer's
+// own subscription was confirmed, or across a reconnect) is asked for again:
+// the marker is published again, after the write like the first. A registry
+// created within a lease (first use, or lost to a flush, an eviction or a
+// restart) may have forgotten leases that still run: a write then also waits
+// until one lease has passed since its creation.
+package coherence

@@ -1,0 +1,226 @@
+// tracker.go is the Tracker: its state, its life, and what a near cache asks of it.
+
+package coherence
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/lease"
+	"github.com/stampede-go/stampede/internal/rediserr"
+)
+
+// stripes is how many invalidation counters the keys share: a read voided
+// by an invalidation of another key of its stripe is only not kept.
+const stripes = 4096
+
+// checkEvery is how often a tracker pings its quiet connections and, on a
+// cluster or Ring, looks for a changed set of masters.
+const checkEvery = time.Second
+
+// epoch anchors the tracker's monotonic clock.
+var epoch = time.Now()
+
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+// Hooks are what a tracker tells its near cache. A nil hook does nothing.
+// They run on the tracker's goroutines (OnDrop also on the goroutine of
+// [Tracker.Invalidate]) and should return quickly: invalidations wait
+// behind them.
+type Hooks struct {
+	// OnDrop removes key (the Redis key, prefix included) from memory, or
+	// everything when all is set.
+	OnDrop func(key string, all bool)
+	// OnLapse reports a holder that a write waited out (its lease ended)
+	// instead of hearing its acknowledgement.
+	OnLapse func(holder string)
+	// OnRefused reports Redis refusing a command the near cache needs (an
+	// ACL without it, a renamed command), once until a renewal succeeds:
+	// memory is then never served, which nothing else would show.
+	OnRefused func(error)
+}
+
+// Tracker is the coherence side of one near cache: it tracks invalidations,
+// holds the process's coherence lease, acknowledges other writers' markers
+// and confirms this process's writes. It is safe for concurrent use.
+type Tracker struct {
+	rdb    redis.UniversalClient
+	prefix string
+	seed   maphash.Seed
+	hooks  Hooks
+
+	gens  [stripes]atomic.Uint64 // per stripe: invalidations seen
+	epoch atomic.Uint64          // every drop of everything
+	ready atomic.Bool            // every node is subscribed and nothing is in doubt
+
+	mu     sync.Mutex       // protects nodes, and each node's sub
+	nodes  map[string]*node // by address
+	nnodes atomic.Int32     // len(nodes)
+	stop   context.CancelFunc
+	done   sync.WaitGroup
+
+	// The holder's side (lease.go, ack.go).
+	id         string        // names this holder's lease and its acknowledgement channel
+	registry   string        // RegistryKey(prefix)
+	markCh     string        // where writers' markers come (cluster, Ring; anywhere when asked again)
+	markKeys   string        // what writers' marker keys begin with (single server)
+	lease      time.Duration // the coherence lease
+	leaseUntil atomic.Int64  // nanotime until which memory may be served
+	renewNow   chan struct{} // the tracker became ready: renew at once
+	pingGen    atomic.Uint64 // the last renewal's number, sent in its PINGs
+	pongs      chan struct{} // a renewal's PONG came
+	refused    atomic.Bool   // a refusal was reported, and no renewal succeeded since
+	mmu        sync.Mutex    // protects marks
+	marks      map[string]*markSeen
+	acks       chan string // markers to acknowledge
+
+	// The writer's side (confirm.go).
+	ackCh   string        // where this writer's acknowledgements come
+	seq     atomic.Uint64 // this writer's writes
+	pmu     sync.Mutex    // protects pending
+	pending map[string]*confirmation
+}
+
+// New starts the tracker of a near cache of the keys under prefix on rdb (a
+// *redis.Client, *redis.ClusterClient or *redis.Ring), with a coherence
+// lease of leaseLen. Memory may be served once [Tracker.Serving] says so.
+// Close ends its connections and goroutines.
+func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	if hooks.OnDrop == nil {
+		hooks.OnDrop = func(string, bool) {}
+	}
+	if hooks.OnLapse == nil {
+		hooks.OnLapse = func(string) {}
+	}
+	if hooks.OnRefused == nil {
+		hooks.OnRefused = func(error) {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &Tracker{
+		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), hooks: hooks, nodes: map[string]*node{}, stop: cancel,
+		id: lease.NewToken(), registry: RegistryKey(prefix), markCh: markChannel(prefix), markKeys: MarkKeyPrefix(prefix),
+		lease: leaseLen, renewNow: make(chan struct{}, 1), pongs: make(chan struct{}, 1),
+		marks: map[string]*markSeen{}, acks: make(chan string, 4096), pending: map[string]*confirmation{},
+	}
+	t.ackCh = ackChannel(prefix, t.id)
+	t.done.Add(3)
+	go t.watch(ctx)
+	go t.renewLoop(ctx)
+	go t.ackLoop(ctx)
+	return t
+}
+
+// Close stops serving memory, closes every tracking connection, waits for
+// the tracker's goroutines, and gives the lease back, so that writers do
+// not wait for a process that no longer serves memory.
+func (t *Tracker) Close() {
+	t.ready.Store(false) // nothing served from here on, before the lease is given back
+	t.leaseUntil.Store(0)
+	t.stop()
+	t.mu.Lock()
+	for _, n := range t.nodes {
+		t.stopNode(n) // under mu: receive replaces n.sub under mu
+	}
+	t.nodes = map[string]*node{}
+	t.mu.Unlock()
+	t.done.Wait()
+	t.resign()
+}
+
+// Serving reports whether memory may be served: the tracker is sure of its
+// connections and its lease runs. Two atomic loads and a clock read.
+func (t *Tracker) Serving() bool {
+	return t.ready.Load() && nanotime() < t.leaseUntil.Load()
+}
+
+// Sure reports whether every tracking connection is subscribed and nothing
+// is in doubt, lease or not.
+func (t *Tracker) Sure() bool { return t.ready.Load() }
+
+// ID is this process's holder id: its field in the registry.
+func (t *Tracker) ID() string { return t.id }
+
+// ConnIDs returns the CLIENT ID of each tracking connection (0 for one not
+// connected yet), for operators and tests.
+func (t *Tracker) ConnIDs() []int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ids := make([]int64, 0, len(t.nodes))
+	for _, n := range t.nodes {
+		ids = append(ids, n.id.Load())
+	}
+	return ids
+}
+
+// Ticket is taken before a read is sent; the read's reply may be kept in
+// memory only if nothing was invalidated in between (see [Tracker.Valid]):
+// the "caching-in-progress" placeholder of Redis client-side caching, by
+// counters. The zero Ticket is never valid.
+type Ticket struct {
+	epoch, gen uint64
+	stripe     uint32
+	ok         bool // the tracker was sure when the ticket was taken
+}
+
+// OK reports whether the tracker was sure of its invalidations when tk was
+// taken: a reply read under a ticket that is not OK is never kept.
+func (tk Ticket) OK() bool { return tk.ok }
+
+func (t *Tracker) stripe(key string) uint32 {
+	return uint32(maphash.String(t.seed, key) % stripes)
+}
+
+// Ticket returns a ticket for a read of key (prefix included) about to be
+// sent.
+func (t *Tracker) Ticket(key string) Ticket {
+	s := t.stripe(key)
+	tk := Ticket{epoch: t.epoch.Load(), gen: t.gens[s].Load(), stripe: s}
+	tk.ok = t.ready.Load()
+	return tk
+}
+
+// Valid reports whether a reply read under tk may be kept: the tracker was
+// and is still sure, and neither the key's stripe nor everything was
+// invalidated since. Store the reply first and check after, removing it if
+// the check fails: an invalidation that lands between a check and a store
+// could otherwise leave an old value. It takes no lock, so it may be called
+// while holding one that OnDrop needs.
+func (t *Tracker) Valid(tk Ticket) bool {
+	return tk.ok && t.ready.Load() && t.epoch.Load() == tk.epoch && t.gens[tk.stripe].Load() == tk.gen
+}
+
+// Invalidated reports whether a key of tk's stripe was invalidated since tk
+// was taken (drops of everything aside), for tests that wait until an
+// invalidation has landed.
+func (t *Tracker) Invalidated(tk Ticket) bool { return t.gens[tk.stripe].Load() != tk.gen }
+
+// Invalidate voids reads of key (prefix included) in flight and drops key
+// from memory.
+func (t *Tracker) Invalidate(key string) {
+	t.gens[t.stripe(key)].Add(1)
+	t.hooks.OnDrop(key, false)
+}
+
+// dropAll voids every read in flight and empties memory; with lost, memory is
+// not served until every node is subscribed again.
+func (t *Tracker) dropAll(lost bool) {
+	if lost {
+		t.ready.Store(false)
+	}
+	t.epoch.Add(1)
+	t.hooks.OnDrop("", true)
+	t.ackAll() // nothing old is left in memory
+}
+
+// refuse reports err, once until a renewal succeeds, if it is Redis refusing
+// a command the near cache needs. It returns err.
+func (t *Tracker) refuse(err error) error {
+	if rediserr.Classify(err, false) == rediserr.Fatal && !t.refused.Swap(true) {
+		t.hooks.OnRefused(err)
+	}
+	return err
+}
