@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/stampede-go/stampede/internal/redisio"
 )
 
 var (
@@ -181,15 +183,15 @@ func (c *Cache[V]) refreshLockedMany(ctx context.Context, ds []due[V], loadMany 
 		}
 	}()
 
-	calls := make([]scriptCall, len(ds))
+	calls := make([]redisio.ScriptCall, len(ds))
 	keys := make([]string, len(ds))
 	lks := make([]*loadLock, len(ds))
 	for i, d := range ds {
 		keys[i], lks[i] = d.key, newLoadLock(d.key)
-		calls[i] = scriptCall{lks[i].keys(), []any{lks[i].token, c.cfg.lockTTL.Milliseconds(), d.old.head}}
+		calls[i] = redisio.ScriptCall{Keys: lks[i].keys(), Args: []any{lks[i].token, c.cfg.lockTTL.Milliseconds(), d.old.head}}
 	}
 	locked := time.Now()
-	cmds := c.evalMany(ctx, lockScript, lockLua, calls)
+	cmds := c.redisio.EvalMany(ctx, lockScript, lockLua, calls)
 	cerrs := make([]error, len(cmds))
 	for i, cmd := range cmds {
 		cerrs[i] = cmd.Err()
