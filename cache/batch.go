@@ -10,11 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redisio"
 )
 
 // GetOrLoadMany returns the values at keys, as [Cache.GetOrLoad] would for
@@ -307,7 +307,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 		cmds[i] = redis.NewStringCmd(ctx, "get", k)
 		sent[i] = cmds[i]
 	}
-	c.pipeline(ctx, b.keys, sent)
+	c.redisio.Pipeline(ctx, b.keys, sent)
 	errs := make([]error, len(cmds))
 	for i, cmd := range cmds {
 		errs[i] = cmd.Err()
@@ -359,14 +359,14 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 // from an answer), to wait for, and the keys Redis could not serve.
 func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[string][]byte) (others, lost []string) {
 	c := b.c
-	calls := make([]scriptCall, len(misses))
+	calls := make([]redisio.ScriptCall, len(misses))
 	lks := make([]*loadLock, len(misses))
 	for i, k := range misses {
 		lks[i] = newLoadLock(k)
-		calls[i] = scriptCall{lks[i].keys(), []any{lks[i].token, c.cfg.lockTTL.Milliseconds(), skip[k]}}
+		calls[i] = redisio.ScriptCall{Keys: lks[i].keys(), Args: []any{lks[i].token, c.cfg.lockTTL.Milliseconds(), skip[k]}}
 	}
 	at := time.Now()
-	cmds := c.evalMany(ctx, readOrLockScript, readOrLockLua, calls)
+	cmds := c.redisio.EvalMany(ctx, readOrLockScript, readOrLockLua, calls)
 	errs := make([]error, len(cmds))
 	for i, cmd := range cmds {
 		errs[i] = cmd.Err()
@@ -523,91 +523,6 @@ func (b *batch[V]) giveUp(ctx context.Context, err error) {
 	b.c.endLocks(ctx, releases(lks))
 }
 
-// scriptCall is one run of a script: its keys and arguments.
-type scriptCall struct {
-	keys []string
-	args []any
-}
-
-// scriptRun is the runs of one script in a pipelined round.
-type scriptRun struct {
-	script *redis.Script
-	src    string
-	calls  []scriptCall
-}
-
-// evalMany runs script (whose source is src) once per call, and the runs
-// of more scripts after them, in one pipeline, with EVALSHA. Calls that find
-// the script missing (NOSCRIPT) are sent again once after SCRIPT LOAD (on
-// every master of a cluster), and with EVAL if still missing (a redis.Ring
-// loads scripts on one shard only). It returns the commands in order.
-func (c *Cache[V]) evalMany(ctx context.Context, script *redis.Script, src string, calls []scriptCall, more ...scriptRun) []*redis.Cmd {
-	runs := append([]scriptRun{{script, src, calls}}, more...)
-	type ref struct {
-		run  *scriptRun
-		call scriptCall
-	}
-	var refs []ref
-	for i := range runs {
-		for _, call := range runs[i].calls {
-			refs = append(refs, ref{&runs[i], call})
-		}
-	}
-	cmds := make([]*redis.Cmd, len(refs))
-	if len(refs) == 0 {
-		return cmds
-	}
-	send := func(idx []int, eval bool) {
-		keys, sent := make([]string, len(idx)), make([]redis.Cmder, len(idx))
-		for j, i := range idx {
-			r := refs[i]
-			args := []any{"evalsha", r.run.script.Hash(), len(r.call.keys)}
-			if eval {
-				args[0], args[1] = "eval", r.run.src
-			}
-			for _, k := range r.call.keys {
-				args = append(args, k)
-			}
-			cmds[i] = redis.NewCmd(ctx, append(args, r.call.args...)...)
-			keys[j], sent[j] = r.call.keys[0], cmds[i]
-		}
-		c.pipeline(ctx, keys, sent)
-	}
-	noScript := func() (idx []int, scripts map[*scriptRun]bool) {
-		scripts = map[*scriptRun]bool{}
-		for i, cmd := range cmds {
-			if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-				idx = append(idx, i)
-				scripts[refs[i].run] = true
-			}
-		}
-		return idx, scripts
-	}
-	all := make([]int, len(refs))
-	for i := range all {
-		all[i] = i
-	}
-	send(all, false)
-	again, scripts := noScript()
-	if len(again) == 0 {
-		return cmds
-	}
-	for r := range scripts {
-		if err := r.script.Load(ctx, c.rdb).Err(); err != nil {
-			for _, i := range again {
-				if refs[i].run == r {
-					cmds[i].SetErr(err)
-				}
-			}
-		}
-	}
-	send(again, false)
-	if again, _ = noScript(); len(again) > 0 {
-		send(again, true)
-	}
-	return cmds
-}
-
 // round records one pipelined round's outcome: with the breaker once, as
 // one call (an outage only if every command met one), and with the observer
 // for each key whose command failed. It returns each command's class.
@@ -633,130 +548,4 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 	}
 	c.brk.record(keys[0], class, first)
 	return classes
-}
-
-// pipeline sends cmds in one round; keys[i] is a key of cmds[i], all of
-// whose keys are in one slot. On a cluster it does not use
-// ClusterClient.Pipelined: that races with itself (two goroutines write one
-// command's reply) when a node's part meets TRYAGAIN on one command and ASK
-// on another while a slot migrates (see RELIABILITY.md). Instead each
-// master's commands go through its own client in one pipeline, the masters
-// concurrently, and the cache follows MOVED and ASK itself; TRYAGAIN is
-// left to the callers, which wait it out within the retry budget as they do
-// every transient error. Hooks added to the ClusterClient itself do not see
-// these pipelines; hooks added to its nodes (OnNewNode) do.
-func (c *Cache[V]) pipeline(ctx context.Context, keys []string, cmds []redis.Cmder) {
-	cc, ok := c.rdb.(*redis.ClusterClient)
-	if !ok {
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, cmd := range cmds {
-				_ = p.Process(ctx, cmd)
-			}
-			return nil
-		})
-		unsent(cmds, err)
-		return
-	}
-	var nodes map[string]*redis.Client // by address, for redirects; filled on the first
-	to := make([]*redis.Client, len(cmds))
-	asking := make([]bool, len(cmds))
-	pending := make([]int, 0, len(cmds))
-	for i := range cmds {
-		node, err := cc.MasterForKey(ctx, keys[i])
-		if err != nil {
-			cmds[i].SetErr(err)
-			continue
-		}
-		to[i] = node
-		pending = append(pending, i)
-	}
-	for hop := 0; len(pending) > 0; hop++ {
-		byNode := map[*redis.Client][]int{}
-		for _, i := range pending {
-			byNode[to[i]] = append(byNode[to[i]], i)
-		}
-		var wg sync.WaitGroup
-		for node, idx := range byNode {
-			wg.Go(func() { nodePipeline(ctx, node, cmds, idx, asking) })
-		}
-		wg.Wait()
-		if hop == maxRedirects {
-			return // what is still redirected is a transient error for the callers
-		}
-		var again []int
-		for _, i := range pending {
-			err := cmds[i].Err()
-			moved := redis.HasErrorPrefix(err, "MOVED")
-			if !moved && !redis.HasErrorPrefix(err, "ASK") {
-				continue
-			}
-			if moved {
-				cc.ReloadState(ctx)
-			}
-			if nodes == nil {
-				nodes = clusterNodes(ctx, cc)
-			}
-			f := strings.Fields(err.Error()) // MOVED|ASK slot host:port
-			if len(f) < 3 || nodes[f[2]] == nil {
-				continue // a node this client does not know yet: the callers retry
-			}
-			to[i], asking[i] = nodes[f[2]], !moved
-			again = append(again, i)
-		}
-		pending = again
-	}
-}
-
-// maxRedirects bounds how often one pipeline follows MOVED and ASK.
-const maxRedirects = 3
-
-// nodePipeline sends cmds[idx] to node in one pipeline, each command with
-// asking set preceded by ASKING (which holds for the next command only).
-func nodePipeline(ctx context.Context, node *redis.Client, cmds []redis.Cmder, idx []int, asking []bool) {
-	sent := make([]redis.Cmder, 0, len(idx))
-	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, i := range idx {
-			if asking[i] {
-				_ = p.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
-			}
-			_ = p.Process(ctx, cmds[i])
-			sent = append(sent, cmds[i])
-		}
-		return nil
-	})
-	unsent(sent, err)
-}
-
-// unsent gives err, the error of a pipeline, to its commands that got no
-// reply: go-redis before v9.7 leaves the commands of a pipeline it could
-// not send untouched.
-func unsent(cmds []redis.Cmder, err error) {
-	if err == nil {
-		return
-	}
-	for _, cmd := range cmds {
-		switch cmd := cmd.(type) {
-		case *redis.Cmd:
-			if cmd.Err() == nil && cmd.Val() == nil {
-				cmd.SetErr(err)
-			}
-		case *redis.StringCmd:
-			if cmd.Err() == nil && cmd.Val() == "" {
-				cmd.SetErr(err)
-			}
-		}
-	}
-}
-
-// clusterNodes returns the clients of cc's nodes by address.
-func clusterNodes(ctx context.Context, cc *redis.ClusterClient) map[string]*redis.Client {
-	var mu sync.Mutex
-	nodes := map[string]*redis.Client{}
-	_ = cc.ForEachShard(ctx, func(_ context.Context, node *redis.Client) error {
-		mu.Lock()
-		defer mu.Unlock()
-		nodes[node.Options().Addr] = node
-		return nil
-	})
-	return nodes
 }

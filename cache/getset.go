@@ -46,7 +46,7 @@ func (c *Cache[V]) Get(ctx context.Context, key string, opts ...CallOption) (V, 
 	}
 	tk := c.nearTicket(key)
 	at := time.Now()
-	b, err := c.reads.get(ctx, key)
+	b, err := c.redisio.Get(ctx, key)
 	switch c.redisCall(key, err) {
 	case errNone:
 	default:

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redisio"
 )
 
 var (
@@ -204,20 +205,20 @@ func (c *Cache[V]) endLocks(ctx context.Context, ends []lockEnd) []time.Time {
 		pending[i] = i
 	}
 	for attempt := 1; len(pending) > 0; attempt++ {
-		var commits, releases []scriptCall
+		var commits, releases []redisio.ScriptCall
 		var ci, ri []int
 		for _, i := range pending {
 			e := ends[i]
 			if e.record == nil {
-				releases = append(releases, scriptCall{e.lk.keys(), []any{e.lk.token, "", c.notify.channel(e.key)}})
+				releases = append(releases, redisio.ScriptCall{Keys: e.lk.keys(), Args: []any{e.lk.token, "", c.notify.channel(e.key)}})
 				ri = append(ri, i)
 			} else {
-				commits = append(commits, scriptCall{e.lk.keys(), []any{e.lk.token, e.record, e.px.Milliseconds(), c.notify.channel(e.key)}})
+				commits = append(commits, redisio.ScriptCall{Keys: e.lk.keys(), Args: []any{e.lk.token, e.record, e.px.Milliseconds(), c.notify.channel(e.key)}})
 				ci = append(ci, i)
 			}
 		}
 		at := time.Now()
-		cmds := c.eval(ctx, scriptRun{commitScript, commitLua, commits}, scriptRun{unlockScript, unlockLua, releases})
+		cmds := c.eval(ctx, redisio.ScriptRun{Script: commitScript, Src: commitLua, Calls: commits}, redisio.ScriptRun{Script: unlockScript, Src: unlockLua, Calls: releases})
 		retry := c.ended(ends, append(ci, ri...), cmds, stored, at)
 		if len(retry) > 0 && !c.cfg.retry.wait(ctx, attempt) {
 			for i, err := range retry {
@@ -263,22 +264,22 @@ func (c *Cache[V]) ended(ends []lockEnd, idx []int, cmds []*redis.Cmd, stored []
 
 // eval runs the calls of runs in one round (see evalMany); a single call
 // goes alone, as redis.Script.Run sends it.
-func (c *Cache[V]) eval(ctx context.Context, runs ...scriptRun) []*redis.Cmd {
-	var only *scriptRun
+func (c *Cache[V]) eval(ctx context.Context, runs ...redisio.ScriptRun) []*redis.Cmd {
+	var only *redisio.ScriptRun
 	n := 0
 	for i := range runs {
-		if n += len(runs[i].calls); len(runs[i].calls) > 0 {
+		if n += len(runs[i].Calls); len(runs[i].Calls) > 0 {
 			only = &runs[i]
 		}
 	}
 	if n == 1 {
-		call := only.calls[0]
-		return []*redis.Cmd{only.script.Run(ctx, c.rdb, call.keys, call.args...)}
+		call := only.Calls[0]
+		return []*redis.Cmd{only.Script.Run(ctx, c.rdb, call.Keys, call.Args...)}
 	}
 	if n == 0 {
 		return nil
 	}
-	return c.evalMany(ctx, runs[0].script, runs[0].src, runs[0].calls, runs[1:]...)
+	return c.redisio.EvalMany(ctx, runs[0].Script, runs[0].Src, runs[0].Calls, runs[1:]...)
 }
 
 // watchdog extends the locks of keys every lockTTL/3, in one round, until
@@ -316,13 +317,13 @@ func (c *Cache[V]) watchdog(ctx context.Context, keys []loadKey) (stop func()) {
 // extend sets the lock TTL of every lock of live anew and returns those
 // still held (a lost one was voided by a Delete or Set, or ran out).
 func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
-	calls := make([]scriptCall, len(live))
+	calls := make([]redisio.ScriptCall, len(live))
 	keys := make([]string, len(live))
 	for i, k := range live {
-		calls[i] = scriptCall{k.lk.keys(), []any{k.lk.token, c.cfg.lockTTL.Milliseconds(), ""}}
+		calls[i] = redisio.ScriptCall{Keys: k.lk.keys(), Args: []any{k.lk.token, c.cfg.lockTTL.Milliseconds(), ""}}
 		keys[i] = k.key
 	}
-	cmds := c.eval(ctx, scriptRun{unlockScript, unlockLua, calls})
+	cmds := c.eval(ctx, redisio.ScriptRun{Script: unlockScript, Src: unlockLua, Calls: calls})
 	errs := make([]error, len(cmds))
 	for i, cmd := range cmds {
 		errs[i] = cmd.Err()

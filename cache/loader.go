@@ -19,6 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/coherence"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/stampede-go/stampede/internal/redisio"
 )
 
 var (
@@ -37,7 +39,7 @@ type Cache[V any] struct {
 	deadline sharedDeadline     // bounds the GETs of flights
 	group    singleflight.Group // merges this process's callers of one key
 	calls    sync.Pool          // *flightCall[V]: a caller's request to group
-	reads    *coalescer         // sends concurrent flights' GETs together
+	redisio  *redisio.Client    // sends the commands: flights' GETs coalesced, pipelined rounds
 	share    *share             // what the Caches on rdb share (see shared.go)
 	brk      *breaker           // share's
 	notify   *notifier          // share's: wakes waiters; nil: they poll
@@ -77,7 +79,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	c.brk, c.notify = c.share.brk, c.share.notify
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
-	c.reads = newCoalescer(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
+	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
 	if c.cfg.near.on() && nearSupported(rdb) {
 		c.near = newNear(c)
 		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too
@@ -417,7 +419,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	if !c.brk.allow() {
 		return c.redisFailed(ctx, key, c.brk.err(), load, o)
 	}
-	b, err := c.reads.get(ctx, key)
+	b, err := c.redisio.Get(ctx, key)
 	var skip []byte // bytes at key we could not decode, or must reload: a miss, to be replaced
 	switch c.readVerdict(key, err) {
 	case readHit:

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redisio"
 )
 
 var (
@@ -189,15 +190,15 @@ func (c *Cache[V]) refreshLocked(ctx context.Context, ds []due[V], load loaderFu
 // the one read (lock.lua checks its head). It returns the keys it holds,
 // and for each ds[idx[j]] it holds, held[j]; Redis errors go to errs.
 func (c *Cache[V]) lockDue(ctx context.Context, ds []due[V], errs []error) (held []loadKey, idx []int) {
-	calls := make([]scriptCall, len(ds))
+	calls := make([]redisio.ScriptCall, len(ds))
 	keys := make([]string, len(ds))
 	lks := make([]*loadLock, len(ds))
 	for i, d := range ds {
 		keys[i], lks[i] = d.key, newLoadLock(d.key)
-		calls[i] = scriptCall{lks[i].keys(), []any{lks[i].token, c.cfg.lockTTL.Milliseconds(), d.old.head}}
+		calls[i] = redisio.ScriptCall{Keys: lks[i].keys(), Args: []any{lks[i].token, c.cfg.lockTTL.Milliseconds(), d.old.head}}
 	}
 	locked := time.Now()
-	cmds := c.eval(ctx, scriptRun{lockScript, lockLua, calls})
+	cmds := c.eval(ctx, redisio.ScriptRun{Script: lockScript, Src: lockLua, Calls: calls})
 	cerrs := make([]error, len(cmds))
 	for i, cmd := range cmds {
 		cerrs[i] = cmd.Err()

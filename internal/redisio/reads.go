@@ -1,0 +1,253 @@
+// reads.go sends the reads of concurrent callers together: under load a
+// read costs Redis a share of one MGET instead of a GET and a system call of
+// its own.
+//
+// There is no timer (rueidis pipe.go's "flush when free"): a read that finds
+// nothing on the wire goes out at once, as a plain GET on the caller's
+// goroutine; reads that arrive while a read or a batch is on the wire queue
+// up and go out together as soon as it returns, at most maxBatch at a time.
+// A debounce would tax every read at low concurrency (go-redis
+// autopipeline.go says why); here a lone caller pays one mutex.
+//
+// A *redis.Client sends one MGET per batch. A *redis.ClusterClient sends one
+// MGET per hash slot, those of one master in one pipeline through that
+// master's own client, whatever the client's ReadOnly or RouteRandomly
+// routing, unless replica reads were asked for. A master's client follows
+// no redirect: a slot's MOVED, ASK or TRYAGAIN is that slot's readers'
+// transient error, which the cache answers with a script sent through the
+// cluster client. A failover cluster client is a *redis.ClusterClient and
+// is read the same way. A redis.Ring and any other client get one plain GET
+// per read, through the client's own routing.
+//
+// Built on plain MGET and Pipeline rather than go-redis's AutoPipeline:
+// that needs a newer go-redis than this module requires, sends one GET per
+// key where an MGET carries a whole batch, and follows the client's replica
+// routing.
+//
+// The promises: a read joins only a batch formed after it was queued, so
+// after its caller began (a Delete that returned before is seen); a waiting
+// reader leaves when its ctx ends while the batch goes on for the others, on
+// a context of its own; each read gets its own reply or error; one slot's
+// error reaches only that slot's readers.
+
+package redisio
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stampede-go/stampede/internal/rediserr"
+	"github.com/stampede-go/stampede/internal/slot"
+)
+
+// maxBatch bounds the reads of one batch, so that one MGET's reply does not
+// hold the others up for long.
+const maxBatch = 256
+
+// coalescer is safe for concurrent use.
+type coalescer struct {
+	rdb          redis.UniversalClient
+	server       *redis.Client          // non-nil: rdb is one server's client; a batch is one MGET
+	masters      *redis.ClusterClient   // non-nil: reads go to the cluster's masters, an MGET per slot
+	batchContext func() context.Context // a batch's own context: no caller's ctx may end it
+	pool         sync.Pool              // *pendingRead whose reader took its reply
+
+	mu    sync.Mutex     // protects queue and busy
+	queue []*pendingRead // reads waiting for the next batch
+	busy  bool           // a read or batch is on the wire; its sender sends the queue after it
+	batch []*pendingRead // the batch being sent; only the sender (busy) uses it
+}
+
+// pendingRead is a queued read and, once done fires, its reply.
+type pendingRead struct {
+	key  string
+	val  []byte
+	err  error
+	done chan struct{} // buffered: the sender never waits for a reader that left
+}
+
+// get is Client.Get.
+func (co *coalescer) get(ctx context.Context, key string) ([]byte, error) {
+	if co.server == nil && co.masters == nil {
+		return co.rdb.Get(ctx, key).Bytes()
+	}
+	co.mu.Lock()
+	if !co.busy { // nothing on the wire: go at once
+		co.busy = true
+		co.mu.Unlock()
+		b, err := co.single(ctx, key)
+		co.done()
+		return b, err
+	}
+	r, _ := co.pool.Get().(*pendingRead)
+	if r == nil {
+		r = &pendingRead{done: make(chan struct{}, 1)}
+	}
+	r.key = key
+	co.queue = append(co.queue, r)
+	co.mu.Unlock()
+	select {
+	case <-r.done:
+		b, err := r.val, r.err
+		r.key, r.val, r.err = "", nil, nil
+		co.pool.Put(r)
+		return b, err
+	case <-ctx.Done():
+		return nil, ctx.Err() // the batch still fills r, into its buffer; r is never reused
+	}
+}
+
+// single is a lone read, on the caller's ctx.
+func (co *coalescer) single(ctx context.Context, key string) ([]byte, error) {
+	rdb := co.server
+	if rdb == nil {
+		var err error
+		if rdb, err = co.masters.MasterForKey(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+	b, err := rdb.Get(ctx, key).Bytes()
+	if rediserr.IsWrongType(err) { // as MGET says of it
+		err = redis.Nil
+	}
+	return b, err
+}
+
+// done is called by the sender when its read or batch returned: the reads
+// queued meanwhile go out next, on a goroutine that ends when the queue is
+// empty, so that the sender's own caller need not wait for them.
+func (co *coalescer) done() {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	if len(co.queue) == 0 {
+		co.busy = false
+		return
+	}
+	go co.drain()
+}
+
+// drain sends the queue, a batch at a time, until it is empty.
+func (co *coalescer) drain() {
+	for {
+		co.mu.Lock()
+		n := min(len(co.queue), maxBatch)
+		if n == 0 {
+			co.busy = false
+			co.mu.Unlock()
+			return
+		}
+		batch := append(co.batch[:0], co.queue[:n]...)
+		rest := copy(co.queue, co.queue[n:])
+		clear(co.queue[rest:])
+		co.queue = co.queue[:rest]
+		co.mu.Unlock()
+
+		ctx := co.batchContext()
+		if co.server != nil {
+			fillFromMGet(batch, co.server.MGet(ctx, readKeys(batch)...))
+		} else {
+			co.perMaster(ctx, batch)
+		}
+		for _, r := range batch {
+			r.done <- struct{}{}
+		}
+		clear(batch)
+		co.batch = batch[:0]
+	}
+}
+
+// perMaster fills reads on a cluster: an MGET per slot, those of one master
+// in one pipeline, the masters' pipelines concurrently.
+func (co *coalescer) perMaster(ctx context.Context, reads []*pendingRead) {
+	slots := bySlot(reads)
+	firstKeys := make([]string, len(slots))
+	for i, rs := range slots {
+		firstKeys[i] = rs[0].key
+	}
+	to, found := toMasters(ctx, co.masters, firstKeys, func(i int, err error) { failReads(slots[i], err) })
+	sendPerNode(found, to, func(node *redis.Client, idx []int) {
+		nodeSlots := make([][]*pendingRead, len(idx))
+		for j, i := range idx {
+			nodeSlots[j] = slots[i]
+		}
+		pipeMGets(ctx, node, nodeSlots)
+	})
+}
+
+// bySlot groups reads by their key's hash slot.
+func bySlot(reads []*pendingRead) [][]*pendingRead {
+	index := map[uint16]int{} // slot -> its group in slots
+	var slots [][]*pendingRead
+	for _, r := range reads {
+		s := slot.Of(r.key)
+		i, ok := index[s]
+		if !ok {
+			i = len(slots)
+			index[s] = i
+			slots = append(slots, nil)
+		}
+		slots[i] = append(slots[i], r)
+	}
+	return slots
+}
+
+// pipeMGets sends one MGET per slot to node, in one pipeline when there are
+// several.
+func pipeMGets(ctx context.Context, node *redis.Client, slots [][]*pendingRead) {
+	if len(slots) == 1 {
+		fillFromMGet(slots[0], node.MGet(ctx, readKeys(slots[0])...))
+		return
+	}
+	cmds := make([]*redis.SliceCmd, len(slots))
+	_, perr := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, rs := range slots {
+			cmds[i] = p.MGet(ctx, readKeys(rs)...)
+		}
+		return nil
+	})
+	for i, cmd := range cmds {
+		if cmd.Err() == nil && cmd.Val() == nil && perr != nil {
+			cmd.SetErr(perr) // a pipeline that could not be sent may leave its commands untouched
+		}
+		fillFromMGet(slots[i], cmd)
+	}
+}
+
+// fillFromMGet gives each read its value from an MGET of their keys, or
+// the MGET's error.
+func fillFromMGet(reads []*pendingRead, cmd *redis.SliceCmd) {
+	vals, err := cmd.Result()
+	if err == nil && len(vals) != len(reads) {
+		err = errors.New("cache: redis: MGET replied with the wrong number of values")
+	}
+	if err != nil {
+		failReads(reads, err)
+		return
+	}
+	for i, r := range reads {
+		switch v := vals[i].(type) {
+		case string:
+			r.val = []byte(v)
+		default: // nil: no value, or one of another type
+			r.err = redis.Nil
+		}
+	}
+}
+
+// failReads gives every read err.
+func failReads(reads []*pendingRead, err error) {
+	for _, r := range reads {
+		r.err = err
+	}
+}
+
+func readKeys(reads []*pendingRead) []string {
+	keys := make([]string, len(reads))
+	for i, r := range reads {
+		keys[i] = r.key
+	}
+	return keys
+}

@@ -1,0 +1,254 @@
+// reads_test.go tests the coalescing of reads against a real Redis: a lone
+// read goes at once, the reads queued meanwhile go out as one MGET, a reader
+// leaves when its ctx ends, and each read gets its own reply.
+
+package redisio
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stampede-go/stampede/internal/redistest"
+)
+
+// readGate counts the GETs and MGETs of a client and, while on, holds the
+// reply of each one sent alone, once the server has answered it, until the
+// test lets it go.
+type readGate struct {
+	on      atomic.Bool
+	replied chan []string // the keys of a read the server answered, its reply held
+	release chan struct{} // lets one held reply go
+
+	mu        sync.Mutex     // protects reads and pipelines
+	reads     map[string]int // by command name, in pipelines too
+	pipelines int            // pipelines with a read
+}
+
+// newReadGate returns a gate that is on; it goes on a client with AddHook
+// before the client is in use.
+func newReadGate() *readGate {
+	g := &readGate{replied: make(chan []string, 64), release: make(chan struct{}), reads: map[string]int{}}
+	g.on.Store(true)
+	return g
+}
+
+// newGatedClient returns a client of the test Redis with a gate on, a key
+// prefix for the test, and a Client reading through it.
+func newGatedClient(t *testing.T) (*readGate, *redis.Client, string, *Client) {
+	t.Helper()
+	rdb := redistest.Client(t, redistest.Addr(t))
+	g := newReadGate()
+	rdb.AddHook(g)
+	return g, rdb, redistest.Prefix(t, rdb), New(rdb, t.Context, false)
+}
+
+func (g *readGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *readGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() != "get" && cmd.Name() != "mget" {
+			return err
+		}
+		g.mu.Lock()
+		g.reads[cmd.Name()]++
+		g.mu.Unlock()
+		if g.on.Load() {
+			var keys []string
+			for _, a := range cmd.Args()[1:] {
+				keys = append(keys, a.(string))
+			}
+			g.replied <- keys
+			<-g.release
+		}
+		return err
+	}
+}
+func (g *readGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.mu.Lock()
+		counted := false
+		for _, cmd := range cmds {
+			if cmd.Name() == "get" || cmd.Name() == "mget" {
+				g.reads[cmd.Name()]++
+				counted = true
+			}
+		}
+		if counted {
+			g.pipelines++
+		}
+		g.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// next waits for the next read the server answered and returns its keys.
+func (g *readGate) next(t *testing.T) []string {
+	t.Helper()
+	select {
+	case keys := <-g.replied:
+		return keys
+	case <-time.After(10 * time.Second):
+		t.Fatal("no read reached the server")
+		return nil
+	}
+}
+
+// open lets every read through from now on, the held one included.
+func (g *readGate) open() {
+	g.on.Store(false)
+	close(g.release)
+}
+
+func (g *readGate) count(name string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reads[name]
+}
+
+func (g *readGate) countPipelines() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pipelines
+}
+
+// queued waits until n reads wait for the next batch.
+func queued(t *testing.T, cl *Client, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := cl.Queued()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reads queued; want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestConcurrentReadsGoOutAsOneMGet: 50 reads of 50 keys while a GET is on
+// the wire: the 49 that arrived meanwhile go out as one MGET, not 49 GETs.
+func TestConcurrentReadsGoOutAsOneMGet(t *testing.T) {
+	gate, rdb, p, cl := newGatedClient(t)
+	keys := make([]string, 50)
+	for i := range keys {
+		keys[i] = p + strconv.Itoa(i)
+		require.NoError(t, rdb.Set(t.Context(), keys[i], "v"+keys[i], 0).Err())
+	}
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	read := func(k string) {
+		b, err := cl.Get(t.Context(), k)
+		if err != nil || string(b) != "v"+k {
+			wrong.Add(1)
+		}
+	}
+	wg.Go(func() { read(keys[0]) })
+	assert.Equal(t, []string{keys[0]}, gate.next(t), "a lone read goes out at once, as a GET")
+	for _, k := range keys[1:] {
+		wg.Go(func() { read(k) })
+	}
+	queued(t, cl, 49)
+	gate.release <- struct{}{}
+	assert.ElementsMatch(t, keys[1:], gate.next(t), "the reads queued meanwhile go out together")
+	gate.open()
+	wg.Wait()
+	assert.Zero(t, wrong.Load(), "reads with a wrong value or an error")
+	assert.Equal(t, 1, gate.count("get"))
+	assert.Equal(t, 1, gate.count("mget"))
+}
+
+// TestReaderLeavesWhenItsCtxEndsDuringABatch: two reads in one MGET; the
+// first one's ctx ends while the MGET's reply is held: it returns at once,
+// the other still gets its value from the same MGET.
+func TestReaderLeavesWhenItsCtxEndsDuringABatch(t *testing.T) {
+	gate, rdb, p, cl := newGatedClient(t)
+	k1, k2 := p+"k1", p+"k2"
+	require.NoError(t, rdb.Set(t.Context(), k1, "v1", 0).Err())
+	require.NoError(t, rdb.Set(t.Context(), k2, "v2", 0).Err())
+
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = cl.Get(t.Context(), p+"lead") })
+	gate.next(t)
+	ctx1, cancel1 := context.WithCancel(t.Context())
+	left := make(chan error, 1)
+	wg.Go(func() {
+		_, err := cl.Get(ctx1, k1)
+		left <- err
+	})
+	var v2 []byte
+	var err2 error
+	wg.Go(func() { v2, err2 = cl.Get(t.Context(), k2) })
+	queued(t, cl, 2)
+	gate.release <- struct{}{}
+	assert.ElementsMatch(t, []string{k1, k2}, gate.next(t))
+	cancel1()
+	select {
+	case err := <-left:
+		assert.True(t, errors.Is(err, context.Canceled), "Get = %v; want context.Canceled", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reader whose ctx ended waited for the batch")
+	}
+	gate.open()
+	wg.Wait()
+	require.NoError(t, err2, "the other reader of the batch")
+	assert.Equal(t, "v2", string(v2))
+	assert.Equal(t, 1, gate.count("mget"))
+}
+
+// TestReadReplies: a value, no value and a value of another type read
+// alone (a GET) and in a batch (an MGET) give the same replies.
+func TestReadReplies(t *testing.T) {
+	gate, rdb, p, cl := newGatedClient(t)
+	value, missing, hash := p+"value", p+"missing", p+"hash"
+	require.NoError(t, rdb.Set(t.Context(), value, "v", 0).Err())
+	require.NoError(t, rdb.HSet(t.Context(), hash, "f", "v").Err())
+	tests := []struct {
+		key     string
+		want    string
+		wantErr error
+	}{
+		{value, "v", nil},
+		{missing, "", redis.Nil},
+		{hash, "", redis.Nil},
+	}
+	check := func(how string, got [][]byte, errs []error) {
+		for i, tt := range tests {
+			assert.ErrorIs(t, errs[i], tt.wantErr, "%s: Get(%q)", how, tt.key)
+			assert.Equal(t, tt.want, string(got[i]), "%s: Get(%q)", how, tt.key)
+		}
+	}
+
+	// Alone first: once a batch went, its sender stays busy for a moment
+	// after its readers have their replies, and a read then joins a batch.
+	got, errs := make([][]byte, len(tests)), make([]error, len(tests))
+	gate.on.Store(false)
+	for i, tt := range tests {
+		got[i], errs[i] = cl.Get(t.Context(), tt.key)
+	}
+	check("alone", got, errs)
+	require.Zero(t, gate.count("mget"), "lone reads are GETs")
+
+	gate.on.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = cl.Get(t.Context(), p+"lead") })
+	gate.next(t)
+	for i, tt := range tests {
+		wg.Go(func() { got[i], errs[i] = cl.Get(t.Context(), tt.key) })
+	}
+	queued(t, cl, len(tests))
+	gate.open()
+	wg.Wait()
+	check("in a batch", got, errs)
+	assert.Equal(t, 1, gate.count("mget"))
+}

@@ -1,0 +1,60 @@
+// Package redisio sends a cache's commands to Redis: single reads coalesced
+// into MGETs (reads.go), rounds of commands in one pipeline (pipeline.go)
+// and rounds of scripts run by hash (scripts.go).
+//
+// On a cluster, reads and rounds go to each key's master through that
+// master's own client (masters.go), never through ClusterClient.Pipelined,
+// which races with itself while a slot migrates (RELIABILITY.md), and never
+// to a replica, which may still hold a value that a Delete removed.
+package redisio
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Client sends a cache's commands through a go-redis client. It is safe for
+// concurrent use.
+type Client struct {
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // non-nil: rdb is a cluster client; rounds go to masters through their own clients
+	reads   coalescer
+}
+
+// New returns a Client that sends through rdb, a *redis.Client,
+// *redis.ClusterClient, *redis.Ring or failover client. batchContext gives
+// each batch of coalesced reads its context: a batch serves several
+// callers, so no caller's ctx may end it. replicaReads leaves a cluster
+// client's reads (not its rounds) to the client's own routing, one GET per
+// read.
+func New(rdb redis.UniversalClient, batchContext func() context.Context, replicaReads bool) *Client {
+	cl := &Client{rdb: rdb, reads: coalescer{rdb: rdb, batchContext: batchContext}}
+	switch r := rdb.(type) {
+	case *redis.Client:
+		cl.reads.server = r
+	case *redis.ClusterClient:
+		cl.cluster = r
+		if !replicaReads {
+			cl.reads.masters = r
+		}
+	}
+	return cl
+}
+
+// Get reads key, together with the reads of other callers that arrive
+// while one is on the wire. It returns the bytes, redis.Nil when there are
+// none (or a value of another type), or the read's error; ctx.Err() when
+// ctx ends first. On a cluster a slot's MOVED, ASK or TRYAGAIN is returned
+// to its readers, not followed.
+func (cl *Client) Get(ctx context.Context, key string) ([]byte, error) {
+	return cl.reads.get(ctx, key)
+}
+
+// Queued returns the number of reads waiting for the next batch; tests use
+// it to know that a read has joined one.
+func (cl *Client) Queued() int {
+	cl.reads.mu.Lock()
+	defer cl.reads.mu.Unlock()
+	return len(cl.reads.queue)
+}
