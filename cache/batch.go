@@ -546,6 +546,8 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 	if outage {
 		class = errOutage
 	}
-	c.brk.record(keys[0], class, first)
+	if len(keys) > 0 {
+		c.brk.record(keys[0], class, first)
+	}
 	return classes
 }

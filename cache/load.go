@@ -198,6 +198,9 @@ func releases(lks []*loadLock) []lockEnd {
 // ours, as for [DoNotCache]); zero when the lock was lost.
 func (c *Cache[V]) endLocks(ctx context.Context, ends []lockEnd) []time.Time {
 	stored := make([]time.Time, len(ends))
+	if len(ends) == 0 {
+		return stored
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lockTTL)
 	defer cancel()
 	pending := make([]int, len(ends))
