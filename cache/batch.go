@@ -645,10 +645,10 @@ func (c *Cache[V]) commitMany(ctx context.Context, ops []lockOp) []time.Time {
 		for _, i := range pending {
 			op := ops[i]
 			if op.record == nil {
-				releases = append(releases, scriptCall{op.lk.keys(), []any{op.lk.token, "", c.notify.channel(op.key)}})
+				releases = append(releases, scriptCall{op.lk.keys(), []any{op.lk.token, "", c.notify.Channel(op.key)}})
 				ri = append(ri, i)
 			} else {
-				commits = append(commits, scriptCall{op.lk.keys(), []any{op.lk.token, op.record, op.px.Milliseconds(), c.notify.channel(op.key)}})
+				commits = append(commits, scriptCall{op.lk.keys(), []any{op.lk.token, op.record, op.px.Milliseconds(), c.notify.Channel(op.key)}})
 				ci = append(ci, i)
 			}
 		}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/notify"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -45,7 +46,7 @@ type Cache[V any] struct {
 	reads    *coalescer         // sends concurrent flights' GETs together
 	share    *share             // what the Caches on rdb share (see shared.go)
 	brk      *breaker           // share's
-	notify   *notifier          // share's: wakes waiters; nil: they poll
+	notify   *notify.Notifier   // share's: wakes waiters; nil: they poll
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
 	registry string             // the near caches' lease registry: a reserved key
 	markKeys string             // what writers' marker keys begin with: reserved
@@ -477,7 +478,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		}
 		if attempt <= c.cfg.retry.max {
 			began := time.Now()
-			if c.notify.wait(ctx, key, c.cfg.retry.backoff) {
+			if c.notify.Wait(ctx, key, c.cfg.retry.backoff) {
 				c.cfg.emit(EventWoken, key, 0, nil)
 			} else if !subscribed && time.Since(began) < c.cfg.retry.backoff/2 && ctx.Err() == nil {
 				attempt--         // the wait only subscribed, so that the next read misses no commit: not a retry
@@ -659,7 +660,7 @@ func (c *Cache[V]) commit(ctx context.Context, key string, lk *loadLock, locked 
 	defer cancel()
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
-		n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds(), c.notify.channel(key)).Int()
+		n, err := commitScript.Run(ctx, c.rdb, lk.keys(), lk.token, record, ttl.Milliseconds(), c.notify.Channel(key)).Int()
 		class := c.redisCall(key, err)
 		switch {
 		case class == errTransient && c.cfg.retry.wait(ctx, attempt):
@@ -685,7 +686,7 @@ func (c *Cache[V]) release(ctx context.Context, key string, lk *loadLock, locked
 	defer cancel()
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
-		err := lk.release(ctx, c.rdb, c.notify.channel(key))
+		err := lk.release(ctx, c.rdb, c.notify.Channel(key))
 		if c.redisCall(key, err) == errTransient && c.cfg.retry.wait(ctx, attempt) {
 			continue
 		}
