@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,7 +72,7 @@ func TestReadPathUnderPrefixACL(t *testing.T) {
 		assert.NoError(t, err)
 		got <- v
 	}()
-	ch := notifyChannel("product:", "product:42")
+	ch := notify.Channel("product:", "product:42")
 	waitFor(t, func() bool { // SSUBSCRIBE, or SUBSCRIBE on Redis < 7
 		return admin.PubSubShardNumSub(t.Context(), ch).Val()[ch]+admin.PubSubNumSub(t.Context(), ch).Val()[ch] == 1
 	})

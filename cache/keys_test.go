@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stampede-go/stampede/internal/slot"
 	"github.com/stretchr/testify/assert"
@@ -60,19 +61,19 @@ func TestChannelsAreUnderThePrefix(t *testing.T) {
 		{"", "product:42", "{5716}:stampede:notify"},
 		{"{shop}:", "item", "{shop}:{}:stampede:notify"},
 	} {
-		if got := notifyChannel(tc.prefix, tc.prefix+tc.key); got != tc.want {
-			t.Errorf("notifyChannel(%q, %q) = %q; want %q", tc.prefix, tc.prefix+tc.key, got, tc.want)
+		if got := notify.Channel(tc.prefix, tc.prefix+tc.key); got != tc.want {
+			t.Errorf("notify.Channel(%q, %q) = %q; want %q", tc.prefix, tc.prefix+tc.key, got, tc.want)
 		}
 	}
 	for _, prefix := range channelPrefixes {
 		for _, k := range []string{"42", "{7}", "a{b", "}"} {
 			key := prefix + k
-			ch := notifyChannel(prefix, key)
+			ch := notify.Channel(prefix, key)
 			if got, want := specSlot(ch), specSlot(key); got != want {
-				t.Errorf("notifyChannel(%q, %q) = %q in slot %d; want the key's slot %d", prefix, key, ch, got, want)
+				t.Errorf("notify.Channel(%q, %q) = %q in slot %d; want the key's slot %d", prefix, key, ch, got, want)
 			}
 			if !strayBrace(prefix) && !strings.HasPrefix(ch, prefix) {
-				t.Errorf("notifyChannel(%q, %q) = %q; want it under the prefix", prefix, key, ch)
+				t.Errorf("notify.Channel(%q, %q) = %q; want it under the prefix", prefix, key, ch)
 			}
 		}
 	}
@@ -175,10 +176,10 @@ func TestLockKeyMatchesRedisKeySlot(t *testing.T) {
 			key := prefix + k
 			want, err := rdb.ClusterKeySlot(t.Context(), key).Result()
 			require.NoError(t, err)
-			got, err := rdb.ClusterKeySlot(t.Context(), notifyChannel(prefix, key)).Result()
+			got, err := rdb.ClusterKeySlot(t.Context(), notify.Channel(prefix, key)).Result()
 			require.NoError(t, err)
 			if got != want {
-				t.Errorf("Redis puts channel %q in slot %d; want the slot of %q, %d", notifyChannel(prefix, key), got, key, want)
+				t.Errorf("Redis puts channel %q in slot %d; want the slot of %q, %d", notify.Channel(prefix, key), got, key, want)
 			}
 		}
 	}

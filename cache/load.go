@@ -213,10 +213,10 @@ func (c *Cache[V]) endLocks(ctx context.Context, ends []lockEnd) []time.Time {
 		for _, i := range pending {
 			e := ends[i]
 			if e.record == nil {
-				releases = append(releases, redisio.ScriptCall{Keys: e.lk.keys(), Args: []any{e.lk.token, "", c.notify.channel(e.key)}})
+				releases = append(releases, redisio.ScriptCall{Keys: e.lk.keys(), Args: []any{e.lk.token, "", c.notify.Channel(e.key)}})
 				ri = append(ri, i)
 			} else {
-				commits = append(commits, redisio.ScriptCall{Keys: e.lk.keys(), Args: []any{e.lk.token, e.record, e.px.Milliseconds(), c.notify.channel(e.key)}})
+				commits = append(commits, redisio.ScriptCall{Keys: e.lk.keys(), Args: []any{e.lk.token, e.record, e.px.Milliseconds(), c.notify.Channel(e.key)}})
 				ci = append(ci, i)
 			}
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/coherence"
+	"github.com/stampede-go/stampede/internal/notify"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/stampede-go/stampede/internal/redisio"
@@ -42,7 +43,7 @@ type Cache[V any] struct {
 	redisio  *redisio.Client    // sends the commands: flights' GETs coalesced, pipelined rounds
 	share    *share             // what the Caches on rdb share (see shared.go)
 	brk      *breaker           // share's
-	notify   *notifier          // share's: wakes waiters; nil: they poll
+	notify   *notify.Notifier   // share's: wakes waiters; nil: they poll
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
 	registry string             // the near caches' lease registry: a reserved key
 	markKeys string             // what writers' marker keys begin with: reserved
@@ -532,7 +533,7 @@ type waiter struct {
 func (c *Cache[V]) wait(ctx context.Context, key string, w *waiter, attempt *int) bool {
 	if *attempt <= c.cfg.retry.max {
 		began := time.Now()
-		if c.notify.wait(ctx, key, c.cfg.retry.backoff) {
+		if c.notify.Wait(ctx, key, c.cfg.retry.backoff) {
 			c.cfg.emit(EventWoken, key, 0, nil)
 		} else if !w.subscribed && time.Since(began) < c.cfg.retry.backoff/2 && ctx.Err() == nil {
 			*attempt--          // the wait only subscribed, so that the next read misses no commit: not a retry

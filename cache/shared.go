@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/notify"
 )
 
 // clientRes is the resources of one client, kept while a Cache on it is
 // open. Safe for concurrent use.
 type clientRes struct {
 	rdb    redis.UniversalClient
-	notify *notifier // nil: waiters poll
+	notify *notify.Notifier // nil: waiters poll
 	health health
 	refs   int  // Caches holding it; protected by registry.mu
 	listed bool // in registry.m (a client that is a pointer)
@@ -59,13 +60,13 @@ var registry struct {
 type share struct {
 	res      *clientRes
 	brk      *breaker
-	notify   *notifier     // res.notify for this Cache's prefix; nil: waiters poll
-	prefix   string        // the claim held in res.claims
-	claimed  bool          // a claim is held (a client that is a pointer)
-	decodes  decodeReports // undecodable records reported to this Cache's hook
-	logger   loggerRef     // registered with res.health while held
-	fullSeen atomic.Uint64 // the last memory-pressure episode this Cache's hook was told of
-	unlisten func()        // stops this Cache hearing the breaker
+	notify   *notify.Notifier // res.notify for this Cache's prefix; nil: waiters poll
+	prefix   string           // the claim held in res.claims
+	claimed  bool             // a claim is held (a client that is a pointer)
+	decodes  decodeReports    // undecodable records reported to this Cache's hook
+	logger   loggerRef        // registered with res.health while held
+	fullSeen atomic.Uint64    // the last memory-pressure episode this Cache's hook was told of
+	unlisten func()           // stops this Cache hearing the breaker
 	once     sync.Once
 }
 
@@ -112,7 +113,7 @@ func acquire(rdb redis.UniversalClient, cfg *config, vt reflect.Type) *share {
 	// A copy of what emit uses: the breaker outlives a Cache dropped without
 	// Close, which must stay collectable (see New).
 	s.unlisten = s.brk.listen(&config{observer: cfg.observer, onError: cfg.onError})
-	s.notify = r.notify.withPrefix(cfg.prefix)
+	s.notify = r.notify.WithPrefix(cfg.prefix)
 	s.prefix, s.claimed = cfg.prefix, claimed
 	s.logger = cfg.loggerRef()
 	r.health.register(s.logger)
@@ -130,7 +131,7 @@ func (r *clientRes) claimOf(prefix string) (claim, bool) {
 }
 
 func newClientRes(rdb redis.UniversalClient) *clientRes {
-	r := &clientRes{rdb: rdb, notify: newNotifier(rdb)}
+	r := &clientRes{rdb: rdb, notify: notify.New(rdb)}
 	r.health.addr = addrOf(rdb)
 	return r
 }
@@ -173,7 +174,7 @@ func (s *share) release() {
 		}
 		registry.mu.Unlock()
 		if last {
-			r.notify.close()
+			r.notify.Close()
 		}
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,7 +27,7 @@ type typedCache interface {
 	Close() error
 	waitOnce(ctx context.Context, key string) error // a GetOrLoad that waits for another holder
 	breakerOf() *breaker
-	notifierOf() *notifier
+	notifierOf() *notify.Notifier
 }
 
 func (c *Cache[V]) waitOnce(ctx context.Context, key string) error {
@@ -36,8 +37,11 @@ func (c *Cache[V]) waitOnce(ctx context.Context, key string) error {
 	})
 	return err
 }
-func (c *Cache[V]) breakerOf() *breaker   { return c.brk }
-func (c *Cache[V]) notifierOf() *notifier { return c.notify }
+func (c *Cache[V]) breakerOf() *breaker { return c.brk }
+
+// notifierOf is the Notifier of the Cache's client, of which the Cache's
+// own (WithPrefix) shares the subscriptions.
+func (c *Cache[V]) notifierOf() *notify.Notifier { return c.share.res.notify }
 
 // fiveCaches opens five caches of different value types on rdb, with the
 // prefixes "c0:" to "c4:" (one prefix holds one value type).
@@ -82,7 +86,7 @@ func TestCachesOnOneClientShareOneSubscription(t *testing.T) {
 	}
 	assert.Equal(t, 1, pubsubClients(t, admin), "subscribed connections of 5 caches on one client")
 	for _, c := range caches[1:] {
-		assert.Same(t, caches[0].notifierOf().notifyHub, c.notifierOf().notifyHub)
+		assert.Same(t, caches[0].notifierOf(), c.notifierOf())
 		assert.Same(t, caches[0].breakerOf(), c.breakerOf())
 	}
 
@@ -102,7 +106,7 @@ func TestCachesOnOneClientShareOneSubscription(t *testing.T) {
 		}
 		got <- err
 	}()
-	ch := notifyChannel("", "k")
+	ch := notify.Channel("", "k")
 	waitFor(t, func() bool { // the waiter is waiting on the subscription (SSUBSCRIBE, or SUBSCRIBE on Redis < 7)
 		return admin.PubSubShardNumSub(t.Context(), ch).Val()[ch]+admin.PubSubNumSub(t.Context(), ch).Val()[ch] == 1
 	})
@@ -124,12 +128,9 @@ func TestCachesOnOneClientShareOneSubscription(t *testing.T) {
 	_, listed := registry.m[rdb]
 	registry.mu.Unlock()
 	assert.False(t, listed, "the client is forgotten after its last Close")
-	n := last.notify
-	n.mu.Lock()
-	closed, subs := n.closed, len(n.subs)
-	n.mu.Unlock()
-	assert.True(t, closed)
-	assert.Zero(t, subs)
+	start := time.Now() // a closed notifier only polls: it subscribes no more
+	assert.False(t, last.notify.Wait(t.Context(), "k", 100*time.Millisecond), "a wait after the last Close")
+	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "a wait after the last Close polls")
 	waitFor(t, func() bool { return pubsubClients(t, admin) == 0 })
 }
 

@@ -21,6 +21,14 @@ func Of(key string) uint16 {
 	return CRC16(key) % Count
 }
 
+// HasTag reports whether key has a hash tag: a '{' followed, after at
+// least one byte, by a '}'. Every key that begins with such a key is in its
+// slot.
+func HasTag(key string) bool {
+	_, ok := hashTag(key)
+	return ok
+}
+
 func hashTag(key string) (string, bool) {
 	if open := strings.IndexByte(key, '{'); open >= 0 {
 		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {

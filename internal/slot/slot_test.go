@@ -156,3 +156,22 @@ func TestCompanionOneToOneCrafted(t *testing.T) {
 		}
 	}
 }
+
+func TestHasTag(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		want bool
+	}{
+		{"{user:7}:profile", true}, {"a{b}c", true}, {"{{}}", true}, {"foo{}{bar}", false},
+		{"", false}, {"a{b", false}, {"a}b", false}, {"{}x", false}, {"}{", false}, {"{", false},
+	} {
+		if got := HasTag(tc.key); got != tc.want {
+			t.Errorf("HasTag(%q) = %v; want %v", tc.key, got, tc.want)
+		}
+	}
+	for _, key := range oddKeys { // what the notifier's channel names rely on
+		if HasTag(key) && Of(key+"{x}y") != Of(key) {
+			t.Errorf("HasTag(%q), yet %q is in slot %d, not %d", key, key+"{x}y", Of(key+"{x}y"), Of(key))
+		}
+	}
+}

@@ -1,7 +1,9 @@
-// notify_test.go proves that waiters are woken by the holder's commit or
-// release instead of their poll, that the subscription never costs a
-// notification (commit before the subscribe, or between two waits), and
-// that a dead or refused subscription falls back to the poll.
+// wake_test.go proves that a Cache's waiters are woken by the holder's
+// commit or release instead of their poll, that the subscription never
+// costs a notification (commit before the subscribe, or between two waits),
+// that a dead or refused subscription falls back to the poll, and that a
+// Cache subscribes only to wait. The notifier's own tests are in
+// internal/notify.
 
 package cache
 
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -220,7 +223,7 @@ func TestWaiterPollsWhenSubscriptionDies(t *testing.T) {
 	assert.Zero(t, wakes, "EventWoken with the subscription killed")
 	assert.GreaterOrEqual(t, scripts, int64(3), "read-or-lock calls: the value comes from a poll")
 
-	time.Sleep(notifyRetry + 100*time.Millisecond) // a broken master is left alone this long
+	time.Sleep(notify.RetryAfter + 100*time.Millisecond) // a broken master is left alone this long
 	scripts, wakes = round("again", false)
 	assert.EqualValues(t, 1, wakes, "EventWoken on a new subscription")
 	assert.EqualValues(t, 3, scripts, "read-or-lock calls")
@@ -247,7 +250,7 @@ func TestWaiterWokenWithoutShardedPubSub(t *testing.T) {
 	var subscribers int64
 	hook := &readOrLockHook{after: func(n int64) {
 		if n == 2 {
-			subscribers = admin.PubSubNumSub(t.Context(), notifyChannel("", key)).Val()[notifyChannel("", key)]
+			subscribers = admin.PubSubNumSub(t.Context(), notify.Channel("", key)).Val()[notify.Channel("", key)]
 			h.open(t, false)
 		}
 	}}
@@ -267,106 +270,34 @@ func TestWaiterWokenWithoutShardedPubSub(t *testing.T) {
 	assert.Less(t, time.Since(start), notifyBackoff*4/5)
 }
 
-// TestNotifierUnshardedSwitch forces SUBSCRIBE on the Redis 7 test server:
-// the notifier subscribes with it and wakes on a PUBLISH of the key (what
-// the scripts send on Redis < 7).
-func TestNotifierUnshardedSwitch(t *testing.T) {
+// TestNoSubscriptionWithoutAWait: a miss and a hit open no pub/sub
+// connection on the Cache's client; the notifier subscribes on a first wait.
+func TestNoSubscriptionWithoutAWait(t *testing.T) {
 	rdb, p := setup(t)
-	key := p + "k"
-	ch := notifyChannel("", key)
-	n := newNotifier(rdb)
-	n.plain = true
-	defer n.close()
-
-	start := time.Now()
-	assert.False(t, n.wait(t.Context(), key, notifyBackoff), "the first wait subscribes")
-	assert.Less(t, time.Since(start), notifyBackoff*4/5, "and returns once confirmed")
-	assert.EqualValues(t, 1, rdb.PubSubNumSub(t.Context(), ch).Val()[ch], "SUBSCRIBE subscribers")
-	assert.Zero(t, rdb.PubSubShardNumSub(t.Context(), ch).Val()[ch], "SSUBSCRIBE subscribers")
-
-	start = time.Now()
-	go func() {
-		time.Sleep(50 * time.Millisecond)
-		rdb.Publish(context.Background(), ch, key)
-	}()
-	assert.True(t, n.wait(t.Context(), key, notifyBackoff), "woken by PUBLISH")
-	assert.Less(t, time.Since(start), notifyBackoff*4/5)
-}
-
-// TestNotifierLifecycle: no subscription (and no goroutine) until a wait,
-// none for hits; the subscription of a master is shared by its channels;
-// an idle one is closed; Close ends them, twice, and later waits poll.
-func TestNotifierLifecycle(t *testing.T) {
-	rdb, p := setup(t)
-	c := New[product](rdb)
-	v, err := c.GetOrLoad(t.Context(), p+"a", (&counter{}).load)
-	require.NoError(t, err)
-	require.Equal(t, "p1", v.ID)
-	_, err = c.GetOrLoad(t.Context(), p+"a", (&counter{}).load) // a hit
-	require.NoError(t, err)
-	subs := func(n *notifier) (int, []*subscription) {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		var all []*subscription
-		for _, s := range n.subs {
-			all = append(all, s)
+	name := p + "client" // the near cache's connections have a name of their own
+	cdb := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, ClientName: name})
+	t.Cleanup(func() { _ = cdb.Close() })
+	c := New[product](cdb)
+	t.Cleanup(func() { _ = c.Close() })
+	for range 2 { // a miss, then a hit
+		v, err := c.GetOrLoad(t.Context(), p+"a", (&counter{}).load)
+		require.NoError(t, err)
+		require.Equal(t, "p1", v.ID)
+	}
+	conns, subscribed := 0, 0
+	for _, line := range strings.Split(rdb.ClientList(t.Context()).Val(), "\n") {
+		if !strings.Contains(line, " name="+name+" ") {
+			continue
 		}
-		return len(n.subs), all
+		conns++
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "flags=") && strings.Contains(f, "P") {
+				subscribed++
+			}
+		}
 	}
-	count, _ := subs(c.notify)
-	assert.Zero(t, count, "subscriptions after a miss and a hit")
-
-	n := newNotifier(rdb)
-	var keys []string
-	for i := range 5 {
-		keys = append(keys, p+strings.Repeat("x", i+1))
-	}
-	var wg sync.WaitGroup
-	for _, k := range keys {
-		wg.Go(func() { n.wait(t.Context(), k, time.Second) })
-	}
-	wg.Wait()
-	count, all := subs(n)
-	require.Equal(t, 1, count, "subscriptions of one master")
-	n.mu.Lock()
-	chans := len(all[0].chans)
-	n.mu.Unlock()
-	assert.Equal(t, len(keys), chans, "channels on it")
-
-	// Idle: shortened here on a notifier of our own (not shared with other tests).
-	idleClosed := make(chan struct{})
-	go func() { n.loops.Wait(); close(idleClosed) }()
-	n.mu.Lock()
-	s := all[0]
-	if s.idle != nil {
-		s.idle.Reset(10 * time.Millisecond)
-	}
-	n.mu.Unlock()
-	select {
-	case <-idleClosed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the idle subscription was not closed")
-	}
-	count, _ = subs(n)
-	assert.Zero(t, count, "subscriptions after the idle period")
-
-	// A new wait subscribes again; Close ends it; twice is fine; later waits poll.
-	assert.False(t, n.wait(t.Context(), keys[0], time.Second))
-	count, _ = subs(n)
-	assert.Equal(t, 1, count)
-	n.close()
-	n.close()
-	count, _ = subs(n)
-	assert.Zero(t, count, "subscriptions after close")
-	start := time.Now()
-	assert.False(t, n.wait(t.Context(), keys[0], 50*time.Millisecond))
-	assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "a wait after close polls")
-	count, _ = subs(n)
-	assert.Zero(t, count, "subscriptions after a wait after close")
-
-	ring := redis.NewRing(&redis.RingOptions{})
-	defer ring.Close()
-	assert.Nil(t, newNotifier(ring), "a Ring polls")
+	require.Positive(t, conns, "connections of the Cache's client")
+	assert.Zero(t, subscribed, "pub/sub connections after a miss and a hit")
 }
 
 // pubsubProxy forwards TCP connections to a Redis and can black-hole the
@@ -508,7 +439,7 @@ func TestWaiterPollsWhenSubscriptionHangs(t *testing.T) {
 	assert.Zero(t, round(p+"frozen"), "EventWoken while the connection hangs")
 
 	// More timed-out waits probe the connection and break it; after
-	// notifyRetry a new subscription is made.
+	// notify.RetryAfter a new subscription is made.
 	deadline := time.Now().Add(10 * time.Second)
 	for i := 0; ; i++ {
 		if round(p+"after"+strconv.Itoa(i)) == 1 {
@@ -559,7 +490,7 @@ func TestSubscriptionSurvivesASlowDial(t *testing.T) {
 			got <- v
 		}()
 		waitFor(t, func() bool { // subscribed: the server counts a subscriber of the key's channel
-			ch := notifyChannel("", k) // SSUBSCRIBE, or SUBSCRIBE on Redis < 7 (where SHARDNUMSUB fails: 0)
+			ch := notify.Channel("", k) // SSUBSCRIBE, or SUBSCRIBE on Redis < 7 (where SHARDNUMSUB fails: 0)
 			return rdb.PubSubShardNumSub(t.Context(), ch).Val()[ch]+rdb.PubSubNumSub(t.Context(), ch).Val()[ch] == 1
 		})
 		h.open(t, false)
