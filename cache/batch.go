@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 )
 
 // GetOrLoadMany returns the values at keys, as [Cache.GetOrLoad] would for
@@ -197,7 +198,7 @@ func (b *batch[V]) hit(key string, r *result[V]) *result[V] {
 		b.due = append(b.due, due[V]{key: key, name: b.name[key], old: r})
 	case ageStale:
 		r.stale = true
-		if r.throttled && r.at.Before(r.fresh.expiry) { // its refresh failed: retried once the throttle ends
+		if r.throttled && r.at.Before(r.fresh.Expiry) { // its refresh failed: retried once the throttle ends
 			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
 		} else {
 			b.due = append(b.due, due[V]{key: key, name: b.name[key], old: r}) // EventStaleServed once it is known how
@@ -574,7 +575,7 @@ func (b *batch[V]) load(ctx context.Context, uncached []string) {
 			h.err = err
 		case opts.noCache, rs[i].notFound != nil && c.cfg.notFoundTTL == 0:
 		case rs[i].notFound != nil:
-			ops[i].record, ops[i].px = encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL
+			ops[i].record, ops[i].px = record.Encode(record.FlagNotFound, nil), c.cfg.notFoundTTL
 		default:
 			ops[i].record, ops[i].px = c.record(rs[i].data, took, ttl)
 		}

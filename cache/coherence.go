@@ -27,8 +27,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/lease"
 	"github.com/stampede-go/stampede/internal/rediserr"
+	"github.com/stampede-go/stampede/internal/token"
 )
 
 // invalidateChannel is where Redis sends RESP2 tracking invalidations.
@@ -108,7 +108,7 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &tracker{
 		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), onDrop: onDrop, nodes: map[string]*node{}, stop: cancel,
-		id: lease.NewToken(), leaseKey: leaseKey(prefix), lease: leaseLen, onLapse: onLapse, onRefused: onRefused, markCh: markChannel(prefix), nonceKey: markKeyPrefix(prefix),
+		id: token.NewToken(), leaseKey: leaseKey(prefix), lease: leaseLen, onLapse: onLapse, onRefused: onRefused, markCh: markChannel(prefix), nonceKey: markKeyPrefix(prefix),
 		renewNow: make(chan struct{}, 1), pongs: make(chan struct{}, 1),
 		pending: map[string]*confirmation{}, marks: map[string]*markSeen{}, acks: make(chan string, 4096),
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -92,16 +93,16 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 
 // result is what one flight hands to all of its callers.
 type result[V any] struct {
-	data      []byte      // the codec's bytes; each caller decodes its own copy
-	notFound  error       // non-nil: the value does not exist; what callers get
-	err       error       // non-nil: the codec panicked reading the record; what callers get
-	v         V           // on a hit, data already decoded once...
-	hasV      bool        // ...for the first caller to take
-	taken     atomic.Bool // whether v has been handed out
-	fresh     freshness   // what the record says of its age (zero: nothing)
-	head      []byte      // the record up to the payload: which write it is
-	throttled bool        // a stale value kept after a failed refresh
-	stale     bool        // served past its TTL
+	data      []byte           // the codec's bytes; each caller decodes its own copy
+	notFound  error            // non-nil: the value does not exist; what callers get
+	err       error            // non-nil: the codec panicked reading the record; what callers get
+	v         V                // on a hit, data already decoded once...
+	hasV      bool             // ...for the first caller to take
+	taken     atomic.Bool      // whether v has been handed out
+	fresh     record.Freshness // what the record says of its age (zero: nothing)
+	head      []byte           // the record up to the payload: which write it is
+	throttled bool             // a stale value kept after a failed refresh
+	stale     bool             // served past its TTL
 	// at is when the Redis call that vouches for this result was sent: the
 	// read that found it, the commit that stored it, or for a load whose lock
 	// was lost, the lock's acquisition. A caller that began after at may
@@ -514,11 +515,11 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 // value type, say) is a miss too, sent to the observer as
 // EventDecodeError and to the error hook once per key (see decodeReports).
 func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
-	flags, payload, err := decodeRecord(b)
+	flags, payload, err := record.Decode(b)
 	if err != nil {
 		return nil
 	}
-	if flags&flagNotFound != 0 {
+	if flags&record.FlagNotFound != 0 {
 		return &result[V]{notFound: ErrNotFound, at: at}
 	}
 	r := &result[V]{data: payload, hasV: true, at: at}
@@ -533,7 +534,7 @@ func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
 		}
 		return &result[V]{err: err, at: at} // a broken codec: reloading would not help
 	}
-	r.fresh, _ = readFreshness(b)
+	r.fresh, _ = record.ReadFreshness(b)
 	r.throttled = b[1]&flagThrottled != 0
 	r.head = b[:len(b)-len(payload)]
 	return r
@@ -557,7 +558,7 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 		if callOf(ctx).noStale {
 			return nil // a miss for this flight: reloaded under the lock
 		}
-		return c.serveStale(ctx, key, load, r, r.throttled && r.at.Before(r.fresh.expiry))
+		return c.serveStale(ctx, key, load, r, r.throttled && r.at.Before(r.fresh.Expiry))
 	default:
 		return nil
 	}
@@ -581,14 +582,14 @@ func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked ti
 	switch {
 	case err != nil && stale != nil:
 		c.report(key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", key, c.cfg.throttle, err))
-		record := encodeFresh(flagThrottled, freshness{expiry: time.Now().Add(c.cfg.throttle), load: took}, stale)
-		c.commit(ctx, key, lk, locked, record, addSat(c.cfg.throttle, c.cfg.stale))
+		rec := record.EncodeFresh(flagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, stale)
+		c.commit(ctx, key, lk, locked, rec, addSat(c.cfg.throttle, c.cfg.stale))
 	case err != nil:
 		c.release(ctx, key, lk, locked)
 	case opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0:
 		r.at = c.release(ctx, key, lk, locked) // callers merged with the load get it (see DoNotCache)
 	case r.notFound != nil:
-		r.at = c.commit(ctx, key, lk, locked, encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL)
+		r.at = c.commit(ctx, key, lk, locked, record.Encode(record.FlagNotFound, nil), c.cfg.notFoundTTL)
 	default:
 		ttl := c.cfg.ttl
 		if opts.ttl > 0 {
@@ -603,12 +604,12 @@ func (c *Cache[V]) load(ctx context.Context, key string, lk *loadLock, locked ti
 // record wraps a value loaded in took for a TTL of ttl (before jitter); px
 // is how long Redis keeps it: the TTL plus what stale serving and early
 // refresh need past it.
-func (c *Cache[V]) record(data []byte, took, ttl time.Duration) (record []byte, px time.Duration) {
+func (c *Cache[V]) record(data []byte, took, ttl time.Duration) (rec []byte, px time.Duration) {
 	ttl = c.jittered(ttl)
 	if !c.cfg.withFreshness() {
-		return encodeRecord(0, data), ttl
+		return record.Encode(0, data), ttl
 	}
-	return encodeFresh(0, freshness{expiry: time.Now().Add(ttl), load: took}, data), addSat(ttl, c.cfg.keep(took))
+	return record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, data), addSat(ttl, c.cfg.keep(took))
 }
 
 // outcome turns what the loader returned into a flight result. On success

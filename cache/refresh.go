@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 )
 
 var (
@@ -249,11 +250,11 @@ func (c *Cache[V]) refreshLockedMany(ctx context.Context, ds []due[V], loadMany 
 		switch {
 		case kerr != nil && c.cfg.stale > 0: // stale-if-error: keep the old value for the throttle
 			c.report(h.key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", h.key, c.cfg.throttle, kerr))
-			ops[j].record = encodeFresh(flagThrottled, freshness{expiry: time.Now().Add(c.cfg.throttle), load: took}, ds[i].old.data)
+			ops[j].record = record.EncodeFresh(flagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, ds[i].old.data)
 			ops[j].px = addSat(c.cfg.throttle, c.cfg.stale)
 		case kerr != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0: // released
 		case r.notFound != nil:
-			ops[j].record, ops[j].px = encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL
+			ops[j].record, ops[j].px = record.Encode(record.FlagNotFound, nil), c.cfg.notFoundTTL
 		default:
 			ops[j].record, ops[j].px = c.record(r.data, took, ttl)
 		}
