@@ -20,7 +20,7 @@ tidy:
 	for d in $$(go list -m -f '{{.Dir}}'); do (cd $$d && go mod tidy) || exit 1; done
 
 fuzz:
-	go test -run '^$$' -fuzz FuzzDecodeRecord -fuzztime 60s ./cache
+	go test -run '^$$' -fuzz FuzzDecodeRecord -fuzztime 60s ./internal/record
 
 ci:
 	bash .ci/run

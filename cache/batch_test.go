@@ -18,8 +18,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/lease"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/internal/token"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -214,7 +215,7 @@ func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
 	assert.Equal(t, int64(1), ev[EventLoad].Load(), "loads")
 	for _, k := range cold {
 		assert.Zero(t, rdb.Exists(t.Context(), LockKey(k)).Val(), "lock of %q left behind", k)
-		assert.Equal(t, byte(recordV1), rdb.Get(t.Context(), k).Val()[0], "%q not stored", k)
+		assert.Equal(t, byte(record.V1), rdb.Get(t.Context(), k).Val()[0], "%q not stored", k)
 	}
 
 	// Warm: one round, no load.
@@ -420,9 +421,9 @@ func TestGetOrLoadManyLeftOutKeyIsNotFound(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			flags, _, err := decodeRecord(raw)
+			flags, _, err := record.Decode(raw)
 			require.NoError(t, err)
-			assert.NotZero(t, flags&flagNotFound, "stored as a not-found record")
+			assert.NotZero(t, flags&record.FlagNotFound, "stored as a not-found record")
 			_, err = c.GetOrLoad(t.Context(), keys[1], (&counter{}).load)
 			assert.ErrorIs(t, err, ErrNotFound, "GetOrLoad sees the batch's not-found")
 		})
@@ -696,7 +697,7 @@ func BenchmarkGetOrLoadMany(b *testing.B) {
 	rounds := recordRounds(rdb)
 	const n, cold = 100, 10
 	c := New[product](rdb, WithoutJitter())
-	p := "bench:batch:" + lease.NewToken() + ":"
+	p := "bench:batch:" + token.NewToken() + ":"
 	keys := names(p, n)
 	b.Cleanup(func() { redistest.DeletePrefix(rdb, p) })
 	warm := func(b *testing.B) {
@@ -1007,6 +1008,6 @@ func TestGetOrLoadManyRefreshPanic(t *testing.T) {
 		assert.Zero(t, rdb.Exists(t.Context(), LockKey(k)).Val(), "%q: refresh lock left", k)
 		raw, err := rdb.Get(t.Context(), k).Bytes()
 		require.NoError(t, err)
-		assert.NotZero(t, raw[1]&flagThrottled, "%q: the old value is kept for the throttle", k)
+		assert.NotZero(t, raw[1]&record.FlagThrottled, "%q: the old value is kept for the throttle", k)
 	}
 }

@@ -107,8 +107,8 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption)
 	if o.ttl > 0 {
 		ttl = o.ttl
 	}
-	record, px := c.record(data, 0, ttl)
-	keys, args := []string{key, LockKey(key)}, []any{record, px.Milliseconds(), c.notify.Channel(key)}
+	rec, px := c.wrap(data, 0, ttl)
+	keys, args := []string{key, LockKey(key)}, []any{rec, px.Milliseconds(), c.notify.Channel(key)}
 	return c.writeConfirmed(ctx, []string{key}, func(err error) errClass { return c.redisCall(key, err) },
 		func(p redis.Pipeliner) { p.Eval(ctx, setLua, keys, args...) },
 		func() error { return setScript.Run(ctx, c.rdb, keys, args...).Err() })

@@ -12,13 +12,14 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/lease"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/internal/token"
 )
 
 func BenchmarkHitPath(b *testing.B) {
 	rdb := redistestClient(b)
-	p := "bench:hitpath:" + lease.NewToken() + ":"
+	p := "bench:hitpath:" + token.NewToken() + ":"
 	c := New[product](rdb, WithoutJitter())
 	const n = 1000
 	keys := make([]string, n)
@@ -45,7 +46,7 @@ func BenchmarkHitPath(b *testing.B) {
 					b.Fatal(err)
 				}
 				var v product
-				if err := json.Unmarshal(raw[headerLen+freshnessLen:], &v); err != nil {
+				if err := json.Unmarshal(raw[record.HeaderLen+record.FreshnessLen:], &v); err != nil {
 					b.Fatal(err)
 				}
 				i++
@@ -63,7 +64,7 @@ func BenchmarkHitPath(b *testing.B) {
 						return
 					}
 					var v product
-					if err := json.Unmarshal(raw[headerLen+freshnessLen:], &v); err != nil {
+					if err := json.Unmarshal(raw[record.HeaderLen+record.FreshnessLen:], &v); err != nil {
 						b.Error(err)
 						return
 					}

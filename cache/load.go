@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redisio"
 )
 
@@ -133,31 +134,31 @@ func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, 
 	switch {
 	case err != nil && k.fallback != nil: // stale-if-error: keep the old value for the throttle
 		c.report(k.key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", k.key, c.cfg.throttle, err))
-		end.record = encodeFresh(flagThrottled, freshness{expiry: time.Now().Add(c.cfg.throttle), load: took}, k.fallback)
+		end.record = record.EncodeFresh(record.FlagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, k.fallback)
 		end.px = addSat(c.cfg.throttle, c.cfg.stale)
 	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0:
 		// released: callers merged with the load get it (see DoNotCache)
 	case r.notFound != nil:
-		end.record, end.px = encodeRecord(flagNotFound, nil), c.cfg.notFoundTTL
+		end.record, end.px = record.Encode(record.FlagNotFound, nil), c.cfg.notFoundTTL
 	default:
 		ttl := c.cfg.ttl
 		if opts.ttl > 0 {
 			ttl = opts.ttl
 		}
-		end.record, end.px = c.record(r.data, took, ttl)
+		end.record, end.px = c.wrap(r.data, took, ttl)
 	}
 	return end
 }
 
-// record wraps a value loaded in took for a TTL of ttl (before jitter); px
-// is how long Redis keeps it: the TTL plus what stale serving and early
-// refresh need past it.
-func (c *Cache[V]) record(data []byte, took, ttl time.Duration) (record []byte, px time.Duration) {
+// wrap makes the record of a value loaded in took for a TTL of ttl (before
+// jitter); px is how long Redis keeps it: the TTL plus what stale serving
+// and early refresh need past it.
+func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration) (rec []byte, px time.Duration) {
 	ttl = c.jittered(ttl)
 	if !c.cfg.withFreshness() {
-		return encodeRecord(0, data), ttl
+		return record.Encode(0, data), ttl
 	}
-	return encodeFresh(0, freshness{expiry: time.Now().Add(ttl), load: took}, data), addSat(ttl, c.cfg.keep(took))
+	return record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, data), addSat(ttl, c.cfg.keep(took))
 }
 
 // marshal encodes v; a panicking codec becomes an error here, while the lock

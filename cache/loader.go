@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/notify"
+	"github.com/stampede-go/stampede/internal/record"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/stampede-go/stampede/internal/redisio"
@@ -90,16 +91,16 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 
 // result is what one flight hands to all of its callers.
 type result[V any] struct {
-	data      []byte      // the codec's bytes; each caller decodes its own copy
-	notFound  error       // non-nil: the value does not exist; what callers get
-	err       error       // non-nil: the codec panicked reading the record; what callers get
-	v         V           // on a hit, data already decoded once...
-	hasV      bool        // ...for the first caller to take
-	taken     atomic.Bool // whether v has been handed out
-	fresh     freshness   // what the record says of its age (zero: nothing)
-	head      []byte      // the record up to the payload: which write it is
-	throttled bool        // a stale value kept after a failed refresh
-	stale     bool        // served past its TTL
+	data      []byte           // the codec's bytes; each caller decodes its own copy
+	notFound  error            // non-nil: the value does not exist; what callers get
+	err       error            // non-nil: the codec panicked reading the record; what callers get
+	v         V                // on a hit, data already decoded once...
+	hasV      bool             // ...for the first caller to take
+	taken     atomic.Bool      // whether v has been handed out
+	fresh     record.Freshness // what the record says of its age (zero: nothing)
+	head      []byte           // the record up to the payload: which write it is
+	throttled bool             // a stale value kept after a failed refresh
+	stale     bool             // served past its TTL
 	// at is when the Redis call that vouches for this result was sent: the
 	// read that found it, the commit that stored it, or for a load whose lock
 	// was lost, the lock's acquisition. A caller that began after at may
@@ -578,11 +579,11 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 // value type, say) is a miss too, sent to the observer as
 // EventDecodeError and to the error hook once per key (see decodeReports).
 func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
-	flags, payload, err := decodeRecord(b)
+	flags, payload, err := record.Decode(b)
 	if err != nil {
 		return nil
 	}
-	if flags&flagNotFound != 0 {
+	if flags&record.FlagNotFound != 0 {
 		return &result[V]{notFound: ErrNotFound, at: at}
 	}
 	r := &result[V]{data: payload, hasV: true, at: at}
@@ -597,8 +598,8 @@ func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
 		}
 		return &result[V]{err: err, at: at} // a broken codec: reloading would not help
 	}
-	r.fresh, _ = readFreshness(b)
-	r.throttled = b[1]&flagThrottled != 0
+	r.fresh, _ = record.ReadFreshness(b)
+	r.throttled = b[1]&record.FlagThrottled != 0
 	r.head = b[:len(b)-len(payload)]
 	return r
 }

@@ -17,6 +17,7 @@ import (
 	"net"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -40,8 +41,8 @@ func TestGetOrLoadColdKeyLoadsOnceFor300Goroutines(t *testing.T) {
 	// (early refresh is on by default), then the JSON, readable by others.
 	raw, err := rdb.Get(t.Context(), p+"hot").Bytes()
 	require.NoError(t, err)
-	assert.Equal(t, []byte{recordV1, flagFreshness, freshnessLen}, raw[:headerLen])
-	assert.JSONEq(t, `{"id":"p1","price":1,"tags":{"sale":"yes"}}`, string(raw[headerLen+freshnessLen:]))
+	assert.Equal(t, []byte{record.V1, record.FlagFreshness, record.FreshnessLen}, raw[:record.HeaderLen])
+	assert.JSONEq(t, `{"id":"p1","price":1,"tags":{"sale":"yes"}}`, string(raw[record.HeaderLen+record.FreshnessLen:]))
 }
 
 func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
@@ -219,7 +220,7 @@ func TestGetOrLoadWaiterSeesAValueWrittenMeanwhile(t *testing.T) {
 	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
 	go func() {
 		time.Sleep(150 * time.Millisecond)
-		rdb.Set(context.Background(), key, encodeRecord(0, []byte(`{"id":"from-other"}`)), time.Minute)
+		rdb.Set(context.Background(), key, record.Encode(0, []byte(`{"id":"from-other"}`)), time.Minute)
 	}()
 	src := &counter{}
 	v, err := New[product](rdb, WithRetry(50, 20*time.Millisecond)).GetOrLoad(t.Context(), key, src.load)
@@ -309,19 +310,19 @@ func TestGetOrLoadUnreadableValueIsAMissAndReplaced(t *testing.T) {
 			return rdb.Set(ctx, key, "", 0).Err()
 		}},
 		{"future version", func(ctx context.Context, rdb *redis.Client, key string) error {
-			return rdb.Set(ctx, key, []byte{recordV1 + 1, 0, 0, '{', '}'}, 0).Err()
+			return rdb.Set(ctx, key, []byte{record.V1 + 1, 0, 0, '{', '}'}, 0).Err()
 		}},
 		{"unknown required flag", func(ctx context.Context, rdb *redis.Client, key string) error {
-			return rdb.Set(ctx, key, []byte{recordV1, 0x02, 0, '{', '}'}, 0).Err()
+			return rdb.Set(ctx, key, []byte{record.V1, 0x02, 0, '{', '}'}, 0).Err()
 		}},
 		{"metadata longer than the record", func(ctx context.Context, rdb *redis.Client, key string) error {
-			return rdb.Set(ctx, key, []byte{recordV1, 0x10, 9, '{', '}'}, 0).Err()
+			return rdb.Set(ctx, key, []byte{record.V1, 0x10, 9, '{', '}'}, 0).Err()
 		}},
 		{"payload of another type", func(ctx context.Context, rdb *redis.Client, key string) error {
-			return rdb.Set(ctx, key, encodeRecord(0, []byte(`[1,2,3]`)), 0).Err()
+			return rdb.Set(ctx, key, record.Encode(0, []byte(`[1,2,3]`)), 0).Err()
 		}},
 		{"truncated JSON", func(ctx context.Context, rdb *redis.Client, key string) error {
-			return rdb.Set(ctx, key, encodeRecord(0, []byte(`{"id":"p`)), 0).Err()
+			return rdb.Set(ctx, key, record.Encode(0, []byte(`{"id":"p`)), 0).Err()
 		}},
 		{"hash (WRONGTYPE)", func(ctx context.Context, rdb *redis.Client, key string) error {
 			return rdb.HSet(ctx, key, "f", "v").Err()
@@ -417,7 +418,7 @@ func TestGetOrLoadCancelledCallerReturnsPromptly(t *testing.T) {
 	assert.Less(t, elapsed, 300*time.Millisecond, "a cancelled caller must not wait for the load")
 	require.NoError(t, <-other, "another caller of the same flight must be unaffected")
 	assert.Equal(t, "<nil>", loaderCtxErr.Load(), "the loader's context must not be cancelled by a caller")
-	assert.Equal(t, byte(recordV1), rdb.Get(t.Context(), key).Val()[0], "the value must be cached")
+	assert.Equal(t, byte(record.V1), rdb.Get(t.Context(), key).Val()[0], "the value must be cached")
 }
 
 func TestGetOrLoadLoadTimeoutAbandonsALoaderThatIgnoresIt(t *testing.T) {
@@ -482,7 +483,7 @@ func TestGetOrLoadCodecPanicIsAnError(t *testing.T) {
 	assert.Zero(t, rdb.Exists(t.Context(), p+"k", LockKey(p+"k")).Val())
 
 	// Decoding a hit: an error for the caller, not a crash of the process.
-	require.NoError(t, rdb.Set(t.Context(), p+"hit", encodeRecord(0, []byte(`{}`)), time.Minute).Err())
+	require.NoError(t, rdb.Set(t.Context(), p+"hit", record.Encode(0, []byte(`{}`)), time.Minute).Err())
 	_, err = c.GetOrLoad(t.Context(), p+"hit", (&counter{}).load)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cache: codec panicked: codec broke")

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/lease"
+	"github.com/stampede-go/stampede/internal/token"
 )
 
 var (
@@ -22,7 +22,7 @@ var (
 // ownerChecked turns the reply of an owner-checked script (1 done, 0 not
 // ours) into nil or [ErrLoadLockLost]; other errors come back unchanged.
 func ownerChecked(cmd *redis.Cmd) error {
-	owned, err := lease.Owned(cmd)
+	owned, err := token.Owned(cmd)
 	if err == nil && !owned {
 		return ErrLoadLockLost
 	}
@@ -37,7 +37,7 @@ type loadLock struct {
 }
 
 func newLoadLock(key string) *loadLock {
-	return &loadLock{key: key, lock: LockKey(key), token: lease.NewToken()}
+	return &loadLock{key: key, lock: LockKey(key), token: token.NewToken()}
 }
 
 func (l *loadLock) keys() []string { return []string{l.key, l.lock} }

@@ -263,7 +263,7 @@ func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 // after, removing its own entry if the check fails: an invalidation that
 // lands between a check and a store could otherwise leave an old value.
 func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V]) {
-	if !tk.OK() || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.expiry.IsZero() {
+	if !tk.OK() || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.Expiry.IsZero() {
 		return
 	}
 	if c.cfg.replicaReads && c.cluster {
@@ -272,7 +272,7 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		// the replica's lag.
 		return
 	}
-	left := time.Until(r.fresh.expiry) // a wall-clock expiry, as Redis's own
+	left := time.Until(r.fresh.Expiry) // a wall-clock expiry, as Redis's own
 	if c.cfg.beta > 0 {
 		left -= refreshLead(c.cfg.beta, r.fresh, r.head)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -371,7 +372,7 @@ func TestNearCacheStaysWithinItsBudget(t *testing.T) {
 	keys, budget := 1_000_000, int64(64<<20)
 	c, _, _ := newNearCache(t, p, WithNearCache(budget))
 	payload := []byte(`{"id":"p1","price":1}`)
-	fresh := freshness{expiry: time.Now().Add(time.Hour), load: time.Millisecond}
+	fresh := record.Freshness{Expiry: time.Now().Add(time.Hour), Load: time.Millisecond}
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -269,7 +270,7 @@ func TestFrozenHolderCannotOverwriteNewerValue(t *testing.T) {
 	raw, err := rdb.Get(t.Context(), key).Bytes()
 	require.NoError(t, err)
 	var got product
-	_, payload, err := decodeRecord(raw)
+	_, payload, err := record.Decode(raw)
 	require.NoError(t, err)
 	require.NoError(t, JSON.Unmarshal(payload, &got))
 	assert.Equal(t, "new", got.ID, "a holder frozen past its lock TTL overwrote the newer value")

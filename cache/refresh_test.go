@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,7 +45,7 @@ func TestEarlyRefreshReloadsBeforeExpiry(t *testing.T) {
 	require.Equal(t, 1, v.Price)
 	raw, err := rdb.Get(t.Context(), key).Bytes()
 	require.NoError(t, err)
-	first, ok := readFreshness(raw)
+	first, ok := record.ReadFreshness(raw)
 	require.True(t, ok, "the record carries its logical expiry")
 
 	// Hit until a refresh has run; none of these calls may load or miss.
@@ -56,8 +57,8 @@ func TestEarlyRefreshReloadsBeforeExpiry(t *testing.T) {
 	require.NoError(t, c.Close())
 	// Early, not late: a refresh that starts in the grace after the expiry
 	// (as it does with early refresh switched off) also avoids the miss.
-	if at := *refreshAt.Load(); !at.Before(first.expiry) {
-		t.Fatalf("refresh began %v after the value expired; want before it", at.Sub(first.expiry))
+	if at := *refreshAt.Load(); !at.Before(first.Expiry) {
+		t.Fatalf("refresh began %v after the value expired; want before it", at.Sub(first.Expiry))
 	}
 	assert.Equal(t, int64(1), ev[EventMiss].Load(), "only the cold read may miss")
 	assert.Equal(t, src.calls.Load()-1, ev[EventRefresh].Load(), "every load after the first must be a background refresh")
@@ -78,7 +79,7 @@ func TestEarlyRefreshOffNeverRefreshes(t *testing.T) {
 	assert.Zero(t, ev[EventRefresh].Load())
 	raw, err := rdb.Get(t.Context(), p+"k").Bytes()
 	require.NoError(t, err)
-	assert.Equal(t, []byte{recordV1, 0, 0}, raw[:headerLen], "no freshness metadata when nothing reads it")
+	assert.Equal(t, []byte{record.V1, 0, 0}, raw[:record.HeaderLen], "no freshness metadata when nothing reads it")
 }
 
 // TestEarlyRefreshKeepsAHotKeyWarmAcrossInstances: 4 instances hit one key
@@ -135,19 +136,19 @@ func TestEarlyRefreshDrawIsSharedAndFloored(t *testing.T) {
 	cfg := config{beta: 1}
 	const load = 20 * time.Millisecond
 	now := time.Now()
-	at := func(left time.Duration, i int) (freshness, []byte) {
-		f := freshness{expiry: now.Add(left).Add(time.Duration(i) * time.Millisecond), load: load}
-		rec := encodeFresh(0, f, nil)
-		f, _ = readFreshness(rec)
+	at := func(left time.Duration, i int) (record.Freshness, []byte) {
+		f := record.Freshness{Expiry: now.Add(left).Add(time.Duration(i) * time.Millisecond), Load: load}
+		rec := record.EncodeFresh(0, f, nil)
+		f, _ = record.ReadFreshness(rec)
 		return f, rec
 	}
 	const n = 20000
 	due := 0
 	for i := range n {
 		f, head := at(0, i)
-		require.True(t, cfg.xfetch(f, f.expiry.Add(-load), head), "within one load duration of expiry a refresh is always due")
-		require.False(t, cfg.xfetch(f, f.expiry.Add(-46*load), head), "far from expiry a refresh is never due")
-		if cfg.xfetch(f, f.expiry.Add(-2*load), head) {
+		require.True(t, cfg.xfetch(f, f.Expiry.Add(-load), head), "within one load duration of expiry a refresh is always due")
+		require.False(t, cfg.xfetch(f, f.Expiry.Add(-46*load), head), "far from expiry a refresh is never due")
+		if cfg.xfetch(f, f.Expiry.Add(-2*load), head) {
 			due++
 		}
 	}
@@ -160,7 +161,7 @@ func dueRecord(t *testing.T, rdb *redis.Client, key string) {
 	t.Helper()
 	payload, err := json.Marshal(product{ID: "p0", Price: 0})
 	require.NoError(t, err)
-	rec := encodeFresh(0, freshness{expiry: time.Now().Add(100 * time.Millisecond), load: time.Second}, payload)
+	rec := record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(100 * time.Millisecond), Load: time.Second}, payload)
 	require.NoError(t, rdb.Set(t.Context(), key, rec, time.Minute).Err())
 }
 

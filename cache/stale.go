@@ -7,6 +7,8 @@ import (
 	"context"
 	"math"
 	"time"
+
+	"github.com/stampede-go/stampede/internal/record"
 )
 
 // age is what a read value's freshness calls for.
@@ -19,17 +21,13 @@ const (
 	ageExpired            // past every grace: a miss
 )
 
-// flagThrottled (optional) marks a stale value kept after a failed refresh:
-// its expiry is the end of the throttle, before which nobody retries.
-const flagThrottled byte = 1 << 5
-
 // ageOf classifies a record read at now. head is the record up to its
 // payload, for the early-refresh draw; nil for a read that never refreshes.
-func (c *config) ageOf(f freshness, throttled bool, now time.Time, head []byte) age {
-	if f.expiry.IsZero() {
+func (c *config) ageOf(f record.Freshness, throttled bool, now time.Time, head []byte) age {
+	if f.Expiry.IsZero() {
 		return ageFresh // written without metadata: Redis's expiry is its TTL
 	}
-	if now.Before(f.expiry) {
+	if now.Before(f.Expiry) {
 		switch {
 		case throttled:
 			return ageStale
@@ -38,11 +36,11 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time, head []byte) 
 		}
 		return ageFresh
 	}
-	past := now.Sub(f.expiry)
+	past := now.Sub(f.Expiry)
 	switch {
 	case past < c.stale:
 		return ageStale
-	case c.beta > 0 && past < grace(f.load):
+	case c.beta > 0 && past < grace(f.Load):
 		return ageRefresh // a refresh that is late; serve the value meanwhile
 	}
 	return ageExpired
@@ -62,12 +60,12 @@ func (c *config) ageOf(f freshness, throttled bool, now time.Time, head []byte) 
 // One shared draw keeps the refresh's lead at about 1.4 load durations
 // however many processes read the key, while still spreading the refreshes
 // of values written together.
-func (c *config) xfetch(f freshness, now time.Time, head []byte) bool {
-	left := f.expiry.Sub(now)
-	if left <= f.load {
+func (c *config) xfetch(f record.Freshness, now time.Time, head []byte) bool {
+	left := f.Expiry.Sub(now)
+	if left <= f.Load {
 		return true
 	}
-	if float64(left) > 45*float64(f.load)*c.beta { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
+	if float64(left) > 45*float64(f.Load)*c.beta { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
 		return false
 	}
 	return refreshLead(c.beta, f, head) >= left
@@ -75,11 +73,11 @@ func (c *config) xfetch(f freshness, now time.Time, head []byte) bool {
 
 // refreshLead is how long before its expiry a record is due for early
 // refresh: load*max(1, beta*-ln(u)), u its draw (one load without a head).
-func refreshLead(beta float64, f freshness, head []byte) time.Duration {
+func refreshLead(beta float64, f record.Freshness, head []byte) time.Duration {
 	if head == nil {
-		return f.load
+		return f.Load
 	}
-	return time.Duration(float64(f.load) * max(1, beta*-math.Log(drawFor(head))))
+	return time.Duration(float64(f.Load) * max(1, beta*-math.Log(drawFor(head))))
 }
 
 // drawFor returns the XFetch draw of the record whose header and metadata
@@ -158,7 +156,7 @@ func (c *Cache[V]) judge(key string, r *result[V], noStale bool) (hit *result[V]
 			return nil, false // a miss for this flight: reloaded under the lock
 		}
 		r.stale = true
-		if r.throttled && r.at.Before(r.fresh.expiry) { // its refresh failed: retried once the throttle ends
+		if r.throttled && r.at.Before(r.fresh.Expiry) { // its refresh failed: retried once the throttle ends
 			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
 			return r, false
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -153,8 +154,8 @@ func TestWithoutStaleAValueInTheRefreshGraceIsNotStale(t *testing.T) {
 	data, err := json.Marshal(product{ID: "graced"})
 	require.NoError(t, err)
 	// Expired 10 ms ago, loaded in 1 s: a grace of 3 s.
-	record := encodeFresh(0, freshness{expiry: time.Now().Add(-10 * time.Millisecond), load: time.Second}, data)
-	require.NoError(t, rdb.Set(t.Context(), key, record, time.Minute).Err())
+	rec := record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(-10 * time.Millisecond), Load: time.Second}, data)
+	require.NoError(t, rdb.Set(t.Context(), key, rec, time.Minute).Err())
 
 	var getInfo, loadInfo ResultInfo
 	v, err := c.Get(WithResultInfo(t.Context(), &getInfo), key)

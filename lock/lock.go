@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/lease"
 	"github.com/stampede-go/stampede/internal/rediserr"
+	"github.com/stampede-go/stampede/internal/token"
 )
 
 var (
@@ -139,7 +139,7 @@ func (l *Lock) obtain(ctx context.Context, retry RetryStrategy, try func(context
 		if d < 0 {
 			return fmt.Errorf("lock: retry strategy returned a negative wait (%v)", d)
 		}
-		if !lease.Sleep(ctx, d) {
+		if !token.Sleep(ctx, d) {
 			return notObtained(ctx, l.key, err)
 		}
 		ok, err = try(ctx, giveBack)
@@ -165,7 +165,7 @@ func (l *Lock) tryOne(ctx context.Context, giveBack bool) (bool, error) {
 		if giveBack && !rediserr.IsReply(err) {
 			l.releaseLater(ctx, l.masters[0])
 		}
-		if lease.CtxEnded(ctx) {
+		if token.CtxEnded(ctx) {
 			return false, notObtained(ctx, l.key, nil)
 		}
 		return false, lockRedisErr(err)
@@ -309,7 +309,7 @@ func pttl(n int64, err error) (time.Duration, error) {
 // checkOwner turns the reply of an owner-checked script into nil or
 // [ErrNotHeld], with Redis errors wrapped.
 func checkOwner(cmd *redis.Cmd) error {
-	owned, err := lease.Owned(cmd)
+	owned, err := token.Owned(cmd)
 	switch {
 	case err != nil:
 		return lockRedisErr(err)

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/lease"
 	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/internal/token"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -323,7 +323,7 @@ func TestObtainPrefix(t *testing.T) {
 func TestTokensAreRandom(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
-		tok := lease.NewToken()
+		tok := token.NewToken()
 		require.Len(t, tok, 32)
 		require.False(t, seen[tok], "token repeated")
 		seen[tok] = true

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/stampede-go/stampede/internal/lease"
+	"github.com/stampede-go/stampede/internal/token"
 )
 
 // Option configures one call of [Obtain], [ObtainQuorum] or [Do]. The
@@ -113,7 +113,7 @@ func newConfig(op, key string, ttl time.Duration, quorum bool, opts []Option) (c
 		return c, fmt.Errorf("lock: %s: %w", op, err)
 	}
 	if !c.tokenSet {
-		c.token = lease.NewToken()
+		c.token = token.NewToken()
 	}
 	if !c.waitSet {
 		c.quorumWait = ttl / 10

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/lease"
 	"github.com/stampede-go/stampede/internal/rediserr"
+	"github.com/stampede-go/stampede/internal/token"
 )
 
 // stripes is how many invalidation counters the keys share: a read voided
@@ -102,7 +102,7 @@ func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Tracker{
 		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), hooks: hooks, nodes: map[string]*node{}, stop: cancel,
-		id: lease.NewToken(), registry: RegistryKey(prefix), markCh: markChannel(prefix), markKeys: MarkKeyPrefix(prefix),
+		id: token.NewToken(), registry: RegistryKey(prefix), markCh: markChannel(prefix), markKeys: MarkKeyPrefix(prefix),
 		lease: leaseLen, renewNow: make(chan struct{}, 1), pongs: make(chan struct{}, 1),
 		marks: map[string]*markSeen{}, acks: make(chan string, 4096), pending: map[string]*confirmation{},
 	}

@@ -1,7 +1,7 @@
-// Package lease holds what the cache's load lock and the standalone lock
-// share: random tokens, the reply of an owner-checked script, and the waits
-// that end with a context.
-package lease
+// Package token holds what the cache's load lock and the standalone lock
+// share: random owner tokens, the reply of an owner-checked script, and the
+// waits that end with a context.
+package token
 
 import (
 	"context"

@@ -1,0 +1,111 @@
+// Package record is the byte format of what the cache stores at a key.
+//
+// A record is a short header, optional metadata, then the codec's bytes.
+//
+// # Format, version 1
+//
+//	byte 0      format version (V1)
+//	byte 1      flags; the low four bits must be understood by a reader
+//	            (bit 0: not found; later, compression), the high four may be
+//	            ignored (bit 4: the metadata holds the freshness of the value;
+//	            bit 5: a stale value kept after a failed refresh, the cache's)
+//	byte 2      n, the length of the metadata that optional flags carry
+//	bytes 3..   n bytes of metadata, skipped by readers that do not know it
+//	the rest    the codec's bytes (empty for a not-found record)
+//
+// Freshness metadata (flag bit 4), 12 bytes, big-endian: the logical expiry
+// (Unix milliseconds after which the value is no longer fresh; Redis keeps
+// it longer, for stale serving and early refresh) and the duration of the
+// load that produced it, in microseconds. Readers that do not know the flag
+// skip it and treat the value as fresh until Redis expires it.
+//
+// A record with a newer version or an unknown required flag is unreadable,
+// which counts as a miss: an old binary reloads and overwrites rather than
+// misreads it. Optional additions keep old binaries reading the value during
+// a rolling deploy.
+//
+// The functions hold no state and are safe for concurrent use.
+package record
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"time"
+)
+
+// The header's fields and lengths (see the package doc).
+const (
+	V1            byte = 1      // the format version this package writes and reads
+	FlagNotFound  byte = 1 << 0 // required: the value does not exist; no payload
+	FlagFreshness byte = 1 << 4 // optional: the metadata starts with a Freshness
+	// FlagThrottled (optional) marks a stale value kept after a failed
+	// refresh: its expiry is the end of the throttle, before which nobody
+	// retries.
+	FlagThrottled byte = 1 << 5
+	HeaderLen          = 3  // bytes before the metadata
+	FreshnessLen       = 12 // bytes of Freshness metadata
+)
+
+const (
+	requiredFlags byte = 0x0f // flags a reader must understand
+	knownFlags         = FlagNotFound
+)
+
+// ErrBad is what [Decode] returns for bytes that are not a record this
+// version can read; the cache counts them as a miss. The prefix names the
+// package users see.
+var ErrBad = errors.New("cache: unreadable record")
+
+// Encode prepends a header without metadata to payload.
+func Encode(flags byte, payload []byte) []byte {
+	b := make([]byte, HeaderLen+len(payload))
+	b[0], b[1], b[2] = V1, flags, 0
+	copy(b[HeaderLen:], payload)
+	return b
+}
+
+// Freshness is what a record says of its value's age.
+type Freshness struct {
+	Expiry time.Time     // end of the TTL; zero when the record does not say
+	Load   time.Duration // how long the load took; stored in microseconds
+}
+
+// EncodeFresh is [Encode] with Freshness metadata; it sets [FlagFreshness].
+func EncodeFresh(flags byte, f Freshness, payload []byte) []byte {
+	b := make([]byte, HeaderLen+FreshnessLen+len(payload))
+	b[0], b[1], b[2] = V1, flags|FlagFreshness, FreshnessLen
+	binary.BigEndian.PutUint64(b[3:], uint64(f.Expiry.UnixMilli()))
+	binary.BigEndian.PutUint32(b[11:], uint32(min(f.Load.Microseconds(), math.MaxUint32)))
+	copy(b[HeaderLen+FreshnessLen:], payload)
+	return b
+}
+
+// ReadFreshness returns the Freshness metadata of a record that [Decode]
+// accepted; ok is false when it has none.
+func ReadFreshness(b []byte) (f Freshness, ok bool) {
+	if b[1]&FlagFreshness == 0 || b[2] < FreshnessLen {
+		return f, false
+	}
+	f.Expiry = time.UnixMilli(int64(binary.BigEndian.Uint64(b[3:])))
+	f.Load = time.Duration(binary.BigEndian.Uint32(b[11:])) * time.Microsecond
+	return f, true
+}
+
+// Decode returns a record's required flags and its payload, which aliases b;
+// for bytes that are not such a record, [ErrBad] and zero values.
+func Decode(b []byte) (flags byte, payload []byte, err error) {
+	if len(b) < HeaderLen || b[0] != V1 {
+		return 0, nil, ErrBad
+	}
+	flags = b[1] & requiredFlags
+	start := HeaderLen + int(b[2])
+	if flags&^knownFlags != 0 || len(b) < start {
+		return 0, nil, ErrBad
+	}
+	payload = b[start:]
+	if flags&FlagNotFound != 0 && len(payload) != 0 {
+		return 0, nil, ErrBad
+	}
+	return flags, payload, nil
+}

@@ -1,0 +1,63 @@
+// record_fuzz_test.go fuzzes the record decoder: any bytes found at a key
+// (another program's data, a truncated write, a newer format) must decode to
+// a valid record or ErrBad, never panic; valid records round-trip through
+// Encode, and optional metadata is skipped exactly.
+
+package record
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func FuzzDecodeRecord(f *testing.F) {
+	for _, seed := range [][]byte{
+		nil,
+		{V1},
+		{V1, 0},
+		{V1, 0, 0},
+		{V1, FlagNotFound, 0},
+		{V1, FlagNotFound, 0, '"'},
+		{V1, 0, 0, '"', 'v', '"'},
+		{V1, 0x02, 0, '{', '}'},
+		{V1, 0x80, 2, 'm', 'd', '{', '}'},
+		{V1, 0x10, 9, '{', '}'},
+		{2, 0, 0, '"', 'v', '"'},
+		[]byte("plain value from another program"),
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		flags, payload, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrBad) {
+				t.Fatalf("Decode(%q) error %v; want ErrBad", b, err)
+			}
+			if flags != 0 || payload != nil {
+				t.Fatalf("Decode(%q) = %d, %q with an error; want zero values", b, flags, payload)
+			}
+			return
+		}
+		if flags&^knownFlags != 0 {
+			t.Fatalf("Decode(%q) accepted unknown flags %#x", b, flags)
+		}
+		if flags&FlagNotFound != 0 && len(payload) != 0 {
+			t.Fatalf("Decode(%q): not-found record with a payload", b)
+		}
+		// Without optional flags and metadata, what the decoder accepts is
+		// exactly what the encoder writes; with them, the payload is the tail.
+		if b[1]&^requiredFlags == 0 && b[2] == 0 {
+			if re := Encode(flags, payload); !bytes.Equal(re, b) {
+				t.Fatalf("Encode(Decode(%q)) = %q", b, re)
+			}
+		} else if !bytes.HasSuffix(b, payload) || len(b) != HeaderLen+int(b[2])+len(payload) {
+			t.Fatalf("Decode(%q): payload %q is not what follows the metadata", b, payload)
+		}
+		// And the encoder's output always decodes to its input.
+		f2, p2, err := Decode(Encode(flags, payload))
+		if err != nil || f2 != flags || !bytes.Equal(p2, payload) {
+			t.Fatalf("round trip of %d, %q = %d, %q, %v", flags, payload, f2, p2, err)
+		}
+	})
+}

@@ -1,0 +1,87 @@
+// record_test.go checks the record format: round trips, rejected bytes,
+// skipped metadata.
+
+package record
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		flags   byte
+		payload []byte
+	}{
+		{"value", 0, []byte(`{"id":"p1"}`)},
+		{"empty value", 0, nil},
+		{"not found", FlagNotFound, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			flags, payload, err := Decode(Encode(tc.flags, tc.payload))
+			require.NoError(t, err)
+			assert.Equal(t, tc.flags, flags)
+			assert.Equal(t, len(tc.payload), len(payload))
+			assert.Equal(t, string(tc.payload), string(payload))
+		})
+	}
+}
+
+func TestFreshnessRoundTrip(t *testing.T) {
+	want := Freshness{Expiry: time.UnixMilli(1_700_000_000_123), Load: 1500 * time.Microsecond}
+	b := EncodeFresh(0, want, []byte(`{}`))
+	flags, payload, err := Decode(b)
+	require.NoError(t, err)
+	assert.Zero(t, flags)
+	assert.Equal(t, `{}`, string(payload))
+	got, ok := ReadFreshness(b)
+	require.True(t, ok, "ReadFreshness(EncodeFresh(...)) found no metadata")
+	assert.True(t, got.Expiry.Equal(want.Expiry), "Expiry = %v; want %v", got.Expiry, want.Expiry)
+	assert.Equal(t, want.Load, got.Load)
+
+	_, ok = ReadFreshness(Encode(0, []byte(`{}`)))
+	assert.False(t, ok, "a record without the flag has no freshness")
+}
+
+func TestDecodeRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"nil", nil},
+		{"one byte", []byte{V1}},
+		{"two bytes", []byte{V1, 0}},
+		{"other version", []byte{2, 0, 0, '1'}},
+		{"version zero", []byte{0, 0, 0}},
+		{"unknown required flag", []byte{V1, 0x02, 0}},
+		{"metadata past the end", []byte{V1, 0x10, 4, 'a', 'b'}},
+		{"not found with payload", []byte{V1, FlagNotFound, 0, 'x'}},
+		{"plain JSON", []byte(`{"id":"p1"}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := Decode(tc.b); err == nil {
+				t.Errorf("Decode(%q) succeeded; want an error", tc.b)
+			}
+		})
+	}
+}
+
+func TestDecodeSkipsOptionalMetadata(t *testing.T) {
+	// A newer writer's optional flag and its metadata: this version reads the
+	// value and ignores the rest, so a rolling deploy does not reload keys.
+	b := []byte{V1, 0x10 | FlagNotFound, 2, 'm', 'd'}
+	flags, payload, err := Decode(b)
+	require.NoError(t, err)
+	assert.Equal(t, FlagNotFound, flags)
+	assert.Empty(t, payload)
+
+	b = append([]byte{V1, 0x20, 3, 1, 2, 3}, `{"id":"p1"}`...)
+	flags, payload, err = Decode(b)
+	require.NoError(t, err)
+	assert.Zero(t, flags)
+	assert.Equal(t, `{"id":"p1"}`, string(payload))
+}
