@@ -17,54 +17,15 @@ import (
 	"github.com/stampede-go/stampede/internal/redisio"
 )
 
-// GetOrLoadMany returns the values at keys, as [Cache.GetOrLoad] would for
-// each, with a few round trips for the whole batch instead of a few per key:
-// one pipelined GET for all keys, one pipelined read-or-lock for the misses,
-// one call of loadMany for the keys whose load lock this call took, and one
-// pipelined fenced commit. loadMany receives only those keys (the caller's
-// keys, without the prefix) and returns the values it found by key; a key it
-// leaves out of the map does not exist: it is cached as not found for the
-// not-found TTL (see [WithNotFoundTTL]) and left out of the result, as is a
-// key whose not-found is already cached. [SetTTL] and [DoNotCache], called
-// by loadMany, apply to every key of its call.
-//
-// Keys that another process (or a GetOrLoad flight of this one) is loading
-// are waited for concurrently, each as GetOrLoad waits, and loaded by a
-// single-key call of loadMany if that holder fails. While this call loads a
-// key, concurrent GetOrLoad callers of the key in this process share its
-// result instead of loading it again. Values due for early refresh or
-// served stale are refreshed in the background together, by one more call
-// of loadMany for those whose refresh this process starts and whose lock no
-// other process holds (see [WithStale], [WithSoftLoadTimeout] and
-// [WithEarlyRefresh]). Duplicate keys are read and returned once.
-//
-// The work runs on ctx's values without its cancellation, bounded by
-// [WithLoadTimeout]; when ctx ends first, GetOrLoadMany returns nil and
-// ctx.Err() at once, the loads going on and being stored for later callers.
-//
-// opts change this call only: a [TTL] applies to every value loadMany
-// returns, [NoStale] makes values past their TTL misses, [ForceRefresh]
-// loads every key anew as GetOrLoad would. A ctx already ended returns ctx.Err() at
-// once, without a Redis call or a load.
-//
-// The result holds every value found or loaded. The error, nil when every
-// key was answered, joins one error per failed key on one line
-// ("; "-separated), each naming its key, each matched with errors.Is and
-// errors.As as GetOrLoad's: loadMany's own error (for each key
-// it was given; nothing is cached), [ErrLockNotAcquired], a Redis error
-// under [FailClosed] or [ErrCircuitOpen]. Under [FailOpen], keys Redis could
-// not serve are loaded by the same loadMany call and returned uncached.
-// Errors before any work, with a nil map: [ErrNilLoader], and
-// [ErrEmptyKey] or [ErrReservedKey] naming the key's index. With [WithResultInfo], Stale is set when
-// any value returned was stale. Safe for concurrent use.
-func (c *Cache[V]) GetOrLoadMany(ctx context.Context, keys []string, loadMany func(ctx context.Context, keys []string) (map[string]V, error), opts ...CallOption) (map[string]V, error) {
+// getOrLoadMany is GetOrLoadMany with its options read.
+func (c *Cache[V]) getOrLoadMany(ctx context.Context, keys []string, loadMany loaderFunc[V], o callOptions) (map[string]V, error) {
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return nil, err
 	}
 	if loadMany == nil {
 		return nil, ErrNilLoader
 	}
-	b := &batch[V]{c: c, ctx: ctx, opts: parseCall(opts), loadMany: loadMany, name: make(map[string]string, len(keys))}
+	b := &batch[V]{c: c, ctx: ctx, opts: o, loadMany: loadMany, name: make(map[string]string, len(keys))}
 	for i, k := range keys {
 		full, err := c.key(k)
 		if err != nil {

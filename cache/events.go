@@ -101,30 +101,6 @@ type Event struct {
 	Err      error
 }
 
-// WithObserver sends every [Event] to fn: hits, misses, loads, waits, lost
-// locks, stale values served, refreshes, Redis errors and the circuit
-// breaker. fn is called synchronously on the goroutine doing the work, on the
-// hit path too, so it must be quick, must not block, and must be safe for
-// concurrent use. Given more than once, every fn gets every event, in the
-// order given (metrics and logs, say). Default: none (no cost).
-//
-// A panic in fn neither crashes the process (fn also runs on the cache's
-// own goroutines: background refreshes, GetOrLoadMany's work) nor fails
-// the call: it is recovered, passed to [WithErrorHook] as a [*PanicError]
-// (its message says "observer panicked"), and the work goes on as if fn
-// had returned. The other observers still get the event.
-func WithObserver(fn func(Event)) Option {
-	return func(c *config) {
-		if prev := c.observer; prev != nil && fn != nil {
-			c.observer = func(e Event) { defer fn(e); prev(e) } // deferred: fn gets e even if prev panics
-			return
-		}
-		if fn != nil {
-			c.observer = fn
-		}
-	}
-}
-
 func (c *config) emit(kind EventKind, key string, d time.Duration, err error) {
 	if c.observer != nil {
 		c.observe(Event{Kind: kind, Key: key, Duration: d, Err: err})

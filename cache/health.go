@@ -116,34 +116,6 @@ func (h *health) full(err error) {
 	}
 }
 
-// Ping checks that Redis answers, for a readiness probe, past the circuit
-// breaker: nil, or an error that names the address and the cause (on a
-// cluster or a ring, the node that failed). It costs one PING per node.
-func (c *Cache[V]) Ping(ctx context.Context) error {
-	node := func(ctx context.Context, n *redis.Client) error {
-		if err := n.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("node %s: %w", n.Options().Addr, err)
-		}
-		return nil
-	}
-	var err error
-	switch r := c.rdb.(type) {
-	case *redis.ClusterClient:
-		if err = r.ForEachShard(ctx, node); err != nil {
-			return fmt.Errorf("cache: ping redis cluster at %s: %w", addrOf(r), err)
-		}
-	case *redis.Ring:
-		if err = r.ForEachShard(ctx, node); err != nil {
-			return fmt.Errorf("cache: ping redis ring at %s: %w", addrOf(r), err)
-		}
-	default:
-		if err = c.rdb.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("cache: ping redis at %s: %w", addrOf(c.rdb), err)
-		}
-	}
-	return nil
-}
-
 // addrOf names where rdb points: its address, a cluster's seed addresses or
 // a ring's shards.
 func addrOf(rdb redis.UniversalClient) string {
@@ -161,4 +133,30 @@ func addrOf(rdb redis.UniversalClient) string {
 		return strings.Join(addrs, ",")
 	}
 	return "?"
+}
+
+// ping is Ping on rdb.
+func ping(ctx context.Context, rdb redis.UniversalClient) error {
+	node := func(ctx context.Context, n *redis.Client) error {
+		if err := n.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("node %s: %w", n.Options().Addr, err)
+		}
+		return nil
+	}
+	var err error
+	switch r := rdb.(type) {
+	case *redis.ClusterClient:
+		if err = r.ForEachShard(ctx, node); err != nil {
+			return fmt.Errorf("cache: ping redis cluster at %s: %w", addrOf(r), err)
+		}
+	case *redis.Ring:
+		if err = r.ForEachShard(ctx, node); err != nil {
+			return fmt.Errorf("cache: ping redis ring at %s: %w", addrOf(r), err)
+		}
+	default:
+		if err = rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("cache: ping redis at %s: %w", addrOf(rdb), err)
+		}
+	}
+	return nil
 }

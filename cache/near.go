@@ -7,7 +7,6 @@
 package cache
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"math"
@@ -37,94 +36,6 @@ const (
 	defaultNearMaxAge = 2 * time.Second
 	defaultNearLease  = time.Second
 )
-
-// WithNearCache sets the byte budget of the near cache (keys, payloads and
-// a per-entry overhead counted). The near cache is on by default, with a
-// budget of 32 MiB; [WithoutNearCache] turns it off.
-//
-// The near cache keeps fresh values in process memory, so that hits of hot
-// keys need no Redis round trip, and it keeps read-after-write: a
-// GetOrLoad or Get that begins after a Delete or Set returned, in any
-// process, does not get the old value from memory. Two mechanisms make it
-// so:
-//
-//   - Invalidations: a value is dropped from every process's memory when
-//     anything writes or deletes its key in Redis (this library in any
-//     process, another program, redis-cli, an expiry or an eviction),
-//     through Redis client-side caching in broadcast mode on one extra
-//     connection per master. Give the cache a prefix ([WithPrefix]) so that
-//     only its own keys are reported.
-//   - Leases: Delete and Set return only once every other process whose
-//     near cache may hold the key has acknowledged the invalidation, or its
-//     coherence lease ([WithNearLease], 1s) has run out; a process serves
-//     memory only while its lease runs, and renews it by proving, on its
-//     invalidation connections, that it received everything sent before.
-//     A write therefore also waits for the acknowledgements: a hop from
-//     Redis to each other process and back (on a cluster, one more Redis
-//     call too), measured at 3 to 7 round trips on a 2-core machine running
-//     every process (BENCHMARKS.md), and up to one lease while a process is
-//     frozen or cut off.
-//
-// Writes by other programs (redis-cli, a script) are dropped as soon as
-// their invalidation arrives but are not waited for; nor are the values
-// that loads and refreshes store. While a process cannot be sure it
-// receives invalidations (a lost or silent connection, a reconnect, a
-// change of masters, the circuit breaker open, its lease not renewed), it
-// reads through Redis. Nothing is kept longer than its TTL nor than
-// [WithNearMaxAge].
-//
-// Only values whose record carries its expiry are kept: the near cache
-// turns on the freshness metadata that early refresh and stale serving use.
-// Values due for early refresh and stale values are served through Redis,
-// which starts their refresh as without a near cache.
-//
-// Each caller gets its own copy: decoded from the stored bytes (no network,
-// but a decode per hit), or, when V (or *V) has a method Clone() V, a clone
-// of the value decoded once, which is much cheaper than a decode;
-// [WithNearShared] hands out one decoded value instead. Supported clients:
-// *redis.Client (including a failover client), *redis.ClusterClient (a
-// connection per master) and *redis.Ring (one per shard); on other
-// UniversalClients the near cache is off. Requires Redis 6.0 or later
-// (CLIENT TRACKING, and TIME, PUBLISH and INFO in scripts).
-func WithNearCache(maxBytes int64) Option {
-	return func(c *config) { c.near.set, c.near.off, c.near.maxBytes = true, false, maxBytes }
-}
-
-// WithoutNearCache turns the near cache off: every read goes to Redis, and
-// Delete and Set return once Redis has applied them, without waiting for
-// near caches. Turn it off in every process of a prefix or in none: the
-// writes of a process without it do not wait for the near caches of the
-// others, which may then serve the old value for a network delay after the
-// write returned.
-func WithoutNearCache() Option {
-	return func(c *config) { c.near.set, c.near.off = false, true }
-}
-
-// WithNearMaxAge bounds how long a value stays in the near cache after it
-// was read from Redis, whatever its TTL: the longest an old value can be
-// served if an invalidation is lost without its connection noticing.
-// Default: 2s. It has no effect without the near cache.
-func WithNearMaxAge(d time.Duration) Option {
-	return func(c *config) { c.near.maxAge, c.near.maxAgeSet = d, true }
-}
-
-// WithNearLease sets the coherence lease of the near cache: how long a
-// process may serve memory without proving it still receives invalidations,
-// and so the longest a write waits for a process that stopped answering
-// (frozen, partitioned, its connection killed). Renewed every quarter of it.
-// Default: 1s. It has no effect without the near cache.
-func WithNearLease(d time.Duration) Option {
-	return func(c *config) { c.near.lease, c.near.leaseSet = d, true }
-}
-
-// WithNearShared makes near-cache hits return the one decoded value kept in
-// memory, shared by every caller, instead of decoding a copy for each: the
-// fastest path, for values that callers treat as read-only (a caller that
-// modifies a map, slice or pointer in it changes what every other caller
-// gets). It has no effect without the near cache.
-func WithNearShared() Option {
-	return func(c *config) { c.near.shared = true }
-}
 
 // nearConfig is the near cache's part of config.
 type nearConfig struct {
@@ -315,37 +226,6 @@ func nearSupported(rdb redis.UniversalClient) bool {
 		return true
 	}
 	return false
-}
-
-// writeConfirmed runs a write of keys (keys[0] names it in errors) within
-// the retry budget, outcome classifying its errors, and with a near cache
-// its confirmation (coherence.Tracker.Write): on a single server the
-// write's commands (pipe) and the confirmation in one pipeline, elsewhere
-// the write (direct) and then the confirmation. Once the write is done,
-// this process's memory drops keys before the wait for the others.
-func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome func(error) errClass, pipe func(redis.Pipeliner), direct func() error) error {
-	for attempt := 1; ; attempt++ {
-		var wait func() error
-		var err error
-		if c.near != nil {
-			wait, err = c.near.track.Write(ctx, pipe, direct)
-		} else {
-			err = direct()
-		}
-		if outcome(err) == errNone {
-			c.nearDrop(keys...)
-			if wait == nil {
-				return nil
-			}
-			if err := wait(); err != nil { // the write is done: say so
-				return fmt.Errorf("cache: %q written, but near caches not confirmed: %w", keys[0], err)
-			}
-			return nil
-		}
-		if c.classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
-			return fmt.Errorf("cache: redis: %w", err)
-		}
-	}
 }
 
 // nearTicket takes a ticket for a read of key (a zero one without a near

@@ -310,3 +310,196 @@ func WithSoftLoadTimeout(d time.Duration) Option { return func(c *config) { c.so
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger, c.logOff = l, l == nil }
 }
+
+// WithNearCache sets the byte budget of the near cache (keys, payloads and
+// a per-entry overhead counted). The near cache is on by default, with a
+// budget of 32 MiB; [WithoutNearCache] turns it off.
+//
+// The near cache keeps fresh values in process memory, so that hits of hot
+// keys need no Redis round trip, and it keeps read-after-write: a
+// GetOrLoad or Get that begins after a Delete or Set returned, in any
+// process, does not get the old value from memory. Two mechanisms make it
+// so:
+//
+//   - Invalidations: a value is dropped from every process's memory when
+//     anything writes or deletes its key in Redis (this library in any
+//     process, another program, redis-cli, an expiry or an eviction),
+//     through Redis client-side caching in broadcast mode on one extra
+//     connection per master. Give the cache a prefix ([WithPrefix]) so that
+//     only its own keys are reported.
+//   - Leases: Delete and Set return only once every other process whose
+//     near cache may hold the key has acknowledged the invalidation, or its
+//     coherence lease ([WithNearLease], 1s) has run out; a process serves
+//     memory only while its lease runs, and renews it by proving, on its
+//     invalidation connections, that it received everything sent before.
+//     A write therefore also waits for the acknowledgements: a hop from
+//     Redis to each other process and back (on a cluster, one more Redis
+//     call too), measured at 3 to 7 round trips on a 2-core machine running
+//     every process (BENCHMARKS.md), and up to one lease while a process is
+//     frozen or cut off.
+//
+// Writes by other programs (redis-cli, a script) are dropped as soon as
+// their invalidation arrives but are not waited for; nor are the values
+// that loads and refreshes store. While a process cannot be sure it
+// receives invalidations (a lost or silent connection, a reconnect, a
+// change of masters, the circuit breaker open, its lease not renewed), it
+// reads through Redis. Nothing is kept longer than its TTL nor than
+// [WithNearMaxAge].
+//
+// Only values whose record carries its expiry are kept: the near cache
+// turns on the freshness metadata that early refresh and stale serving use.
+// Values due for early refresh and stale values are served through Redis,
+// which starts their refresh as without a near cache.
+//
+// Each caller gets its own copy: decoded from the stored bytes (no network,
+// but a decode per hit), or, when V (or *V) has a method Clone() V, a clone
+// of the value decoded once, which is much cheaper than a decode;
+// [WithNearShared] hands out one decoded value instead. Supported clients:
+// *redis.Client (including a failover client), *redis.ClusterClient (a
+// connection per master) and *redis.Ring (one per shard); on other
+// UniversalClients the near cache is off. Requires Redis 6.0 or later
+// (CLIENT TRACKING, and TIME, PUBLISH and INFO in scripts).
+func WithNearCache(maxBytes int64) Option {
+	return func(c *config) { c.near.set, c.near.off, c.near.maxBytes = true, false, maxBytes }
+}
+
+// WithoutNearCache turns the near cache off: every read goes to Redis, and
+// Delete and Set return once Redis has applied them, without waiting for
+// near caches. Turn it off in every process of a prefix or in none: the
+// writes of a process without it do not wait for the near caches of the
+// others, which may then serve the old value for a network delay after the
+// write returned.
+func WithoutNearCache() Option {
+	return func(c *config) { c.near.set, c.near.off = false, true }
+}
+
+// WithNearMaxAge bounds how long a value stays in the near cache after it
+// was read from Redis, whatever its TTL: the longest an old value can be
+// served if an invalidation is lost without its connection noticing.
+// Default: 2s. It has no effect without the near cache.
+func WithNearMaxAge(d time.Duration) Option {
+	return func(c *config) { c.near.maxAge, c.near.maxAgeSet = d, true }
+}
+
+// WithNearLease sets the coherence lease of the near cache: how long a
+// process may serve memory without proving it still receives invalidations,
+// and so the longest a write waits for a process that stopped answering
+// (frozen, partitioned, its connection killed). Renewed every quarter of it.
+// Default: 1s. It has no effect without the near cache.
+func WithNearLease(d time.Duration) Option {
+	return func(c *config) { c.near.lease, c.near.leaseSet = d, true }
+}
+
+// WithNearShared makes near-cache hits return the one decoded value kept in
+// memory, shared by every caller, instead of decoding a copy for each: the
+// fastest path, for values that callers treat as read-only (a caller that
+// modifies a map, slice or pointer in it changes what every other caller
+// gets). It has no effect without the near cache.
+func WithNearShared() Option {
+	return func(c *config) { c.near.shared = true }
+}
+
+// WithObserver sends every [Event] to fn: hits, misses, loads, waits, lost
+// locks, stale values served, refreshes, Redis errors and the circuit
+// breaker. fn is called synchronously on the goroutine doing the work, on the
+// hit path too, so it must be quick, must not block, and must be safe for
+// concurrent use. Given more than once, every fn gets every event, in the
+// order given (metrics and logs, say). Default: none (no cost).
+//
+// A panic in fn neither crashes the process (fn also runs on the cache's
+// own goroutines: background refreshes, GetOrLoadMany's work) nor fails
+// the call: it is recovered, passed to [WithErrorHook] as a [*PanicError]
+// (its message says "observer panicked"), and the work goes on as if fn
+// had returned. The other observers still get the event.
+func WithObserver(fn func(Event)) Option {
+	return func(c *config) {
+		if prev := c.observer; prev != nil && fn != nil {
+			c.observer = func(e Event) { defer fn(e); prev(e) } // deferred: fn gets e even if prev panics
+			return
+		}
+		if fn != nil {
+			c.observer = fn
+		}
+	}
+}
+
+// WithReplicaReads lets the reads of [Cache.GetOrLoad] and [Cache.Get]
+// follow the Redis client's own routing: with a *redis.ClusterClient (or a
+// failover cluster client) built with ReadOnly, RouteByLatency or
+// RouteRandomly, hits are then served by replicas, one GET per read (no
+// batching). Without it the cache reads from masters whatever the client's
+// routing.
+//
+// The guarantee is weaker: a caller that begins after a [Cache.Delete] or
+// [Cache.Set] returned may still get the old value (or miss a new one) for
+// as long as the replica that serves it lags behind its master, which is
+// usually milliseconds but has no bound (a replica that stops applying its
+// master's stream serves its old copy until it resumes or is cut off;
+// reliability/replica_test.go measures it). Misses, loads and writes go to
+// masters as always, so a key is still loaded once. The near cache keeps
+// nothing then (a replica's copy may be older than the invalidations the
+// process has seen, and memory would keep it past the lag), but its process
+// still waits for the others' near caches when it writes. Default: off. It
+// changes nothing for a client that is not a cluster client.
+func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true } }
+
+// Per-call options: what one call changes for itself, leaving the
+// Cache's options as they are for every other call.
+
+// CallOption changes one call of [Cache.GetOrLoad], [Cache.GetOrLoadMany],
+// [Cache.Get] or [Cache.Set]. Each option's doc says which calls it
+// applies to; a call ignores the options that mean nothing to it (a TTL to
+// Get, say). The simple call, with no option, is the Cache's behaviour.
+//
+// Callers of one key merged into one flight share its work: the options of
+// the caller that started the flight decide it (its TTL, whether a stale
+// value may be served), as its loader does. [ForceRefresh] is the
+// exception: such a call never joins a flight.
+type CallOption func(*callOptions)
+
+// callOptions is what a call's options said; the zero value is the Cache's
+// behaviour.
+type callOptions struct {
+	ttl     time.Duration // 0: the Cache's (see WithTTL)
+	force   bool          // load anew even if a value is cached
+	noStale bool          // a value past its TTL is a miss for this call
+}
+
+// TTL makes the value this call stores live for d (before jitter) instead
+// of the Cache's TTL (see [WithTTL]): for [Cache.Set] the value it writes,
+// for [Cache.GetOrLoad] and [Cache.GetOrLoadMany] the values their loader
+// returns (a loader's own [SetTTL] still wins: it knows the value). A hit
+// keeps the TTL it was stored with. d must be at least 1ms; a smaller d
+// panics: it is a programming error.
+func TTL(d time.Duration) CallOption {
+	if d < time.Millisecond {
+		panic(fmt.Sprintf("cache: TTL: %v is under the 1ms Redis can keep", d))
+	}
+	return func(o *callOptions) { o.ttl = d }
+}
+
+// ForceRefresh makes [Cache.GetOrLoad] load the key anew even if a value is
+// cached, and store what it loads: after a change to the source that did
+// not go through [Cache.Set], say. It still takes the key's load lock, so
+// that callers forcing the same key in any number of processes load it
+// once: a caller that finds the lock held waits for that load and returns
+// its value, which began after the value it found. It never joins an
+// in-process flight that began before it. GetOrLoadMany, Get and Set
+// ignore it.
+func ForceRefresh() CallOption { return func(o *callOptions) { o.force = true } }
+
+// NoStale makes one call treat a value past its TTL as missing even under
+// [WithStale]: [Cache.GetOrLoad] loads it (under the load lock, as a miss)
+// instead of serving it, and [Cache.Get] returns [ErrCacheMiss]. For a
+// caller that needs a value within its TTL, such as a read before a
+// write. GetOrLoadMany and Set ignore it.
+func NoStale() CallOption { return func(o *callOptions) { o.noStale = true } }
+
+// parseCall applies opts to the Cache's behaviour.
+func parseCall(opts []CallOption) callOptions {
+	var o callOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}

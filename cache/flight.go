@@ -1,5 +1,5 @@
-// loader.go is the Cache and its read-through path, GetOrLoad: merge, read,
-// read-or-lock, wait, load, fenced commit.
+// flight.go is GetOrLoad's flight, the first half of the miss path: merge,
+// read, read-or-lock, wait; load.go loads and commits.
 
 package cache
 
@@ -8,21 +8,13 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"reflect"
-	"runtime"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/coherence"
-	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/record"
-	"golang.org/x/sync/singleflight"
-
-	"github.com/stampede-go/stampede/internal/redisio"
 )
 
 var (
@@ -30,64 +22,6 @@ var (
 	readOrLockLua    string
 	readOrLockScript = redis.NewScript(readOrLockLua)
 )
-
-// Cache is a Redis read-through cache of values of type V that loads each
-// missing key once across all the processes that share the Redis. It is safe
-// for concurrent use; create one per value type and reuse it.
-type Cache[V any] struct {
-	rdb      redis.UniversalClient
-	cfg      config
-	cluster  bool               // rdb is a *redis.ClusterClient: Delete sends single-key commands
-	deadline sharedDeadline     // bounds the GETs of flights
-	group    singleflight.Group // merges this process's callers of one key
-	calls    sync.Pool          // *flightCall[V]: a caller's request to group
-	redisio  *redisio.Client    // sends the commands: flights' GETs coalesced, pipelined rounds
-	share    *share             // what the Caches on rdb share (see shared.go)
-	brk      *breaker           // share's
-	notify   *notify.Notifier   // share's: wakes waiters; nil: they poll
-	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
-	registry string             // the near caches' lease registry: a reserved key
-	markKeys string             // what writers' marker keys begin with: reserved
-
-	refreshing sync.Map       // keys with a background refresh running in this process
-	bg         sync.WaitGroup // background refreshes, waited for by Close
-	bgMu       sync.Mutex     // orders starting a refresh and Close's wait
-	closed     bool           // Close was called; guarded by bgMu
-}
-
-// New returns a Cache on rdb, which may be a *redis.Client, *redis.ClusterClient,
-// *redis.Ring or failover client. Invalid options panic, naming the option:
-// they are programming errors, found at start-up. So does a second value
-// type on one prefix: New panics if a Cache of another V is open on the same
-// client with the same non-empty prefix (the two would overwrite each
-// other's values); a closed Cache frees its prefix. Without a prefix, caches
-// of any types share the keyspace, and a record one of them cannot decode is
-// reported as [EventDecodeError].
-//
-// Every Cache on the same client (the same pointer) shares one set of
-// resources: one subscription per Redis master for its waiters, one circuit
-// breaker per breaker setting (see [WithCircuitBreaker]) and what is known
-// of Redis's health, so that N caches on one client cost one subscribed
-// connection per master and learn of an outage together. The last of them
-// to be closed (see [Cache.Close]) releases them.
-func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
-	if rdb == nil {
-		panic("cache: New: nil Redis client")
-	}
-	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
-	c.registry, c.markKeys = coherence.RegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
-	_, c.cluster = rdb.(*redis.ClusterClient)
-	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
-	c.brk, c.notify = c.share.brk, c.share.notify
-	// A Cache dropped without Close gives its hold back when collected.
-	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
-	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
-	if c.cfg.near.on() && nearSupported(rdb) {
-		c.near = newNear(c)
-		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too
-	}
-	return c
-}
 
 // result is what one flight hands to all of its callers.
 type result[V any] struct {
@@ -107,40 +41,6 @@ type result[V any] struct {
 	// have begun after a Delete in another process removed it, so it asks
 	// again rather than take it.
 	at time.Time
-}
-
-// GetOrLoad returns the value at key. On a miss it takes the key's load lock,
-// calls load, stores the value for the TTL and returns it; callers in other
-// processes wait for that value instead of calling load themselves.
-//
-// Callers of the same key in this process are merged into one flight (one
-// Redis read, at most one load); the first caller's load function and context
-// values are used for it. The flight runs on a context detached from the
-// callers' cancellation and bounded by [WithLoadTimeout]; load receives that
-// context. Each caller stops waiting when its own ctx ends and returns
-// ctx.Err(), without disturbing the flight. A caller never gets a value that
-// a [Cache.Delete] which returned before the caller began has removed, in
-// any process: a flight older than the caller is asked again.
-//
-// opts change this call only (see [CallOption]): [TTL], [ForceRefresh],
-// [NoStale]. A ctx already ended when GetOrLoad is called returns ctx.Err()
-// at once, without a Redis call or a load.
-//
-// Every caller gets its own decoded copy of the value. Errors: [ErrEmptyKey],
-// [ErrReservedKey], [ErrNilLoader]; an error wrapping [ErrNotFound] and
-// naming the key when load (now or within the not-found TTL) returned it,
-// the same on every call (see [ErrNotFound]); load's own error unchanged (a panic in load
-// becomes a [*PanicError]); an error wrapping [ErrLockNotAcquired], naming
-// the key, when the retry budget ran out while another process was loading;
-// an error wrapping context.DeadlineExceeded when the load timeout ended the
-// wait, the loader or a Redis call; a Redis error under [FailClosed] (or
-// [ErrCircuitOpen] while the breaker is open), and under every policy a
-// Redis reply that means misconfiguration (NOAUTH, WRONGPASS, NOPERM, an
-// unknown command); an encoding error when the codec cannot encode the
-// loaded value (nothing is cached). Errors the cache absorbs instead of
-// returning go to [WithErrorHook].
-func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error), opts ...CallOption) (V, error) {
-	return c.getOrLoad(ctx, key, load, parseCall(opts))
 }
 
 // getOrLoad is GetOrLoad with its options read.
@@ -305,72 +205,6 @@ func (c *Cache[V]) unmarshal(data []byte, v *V) (err error) {
 		return fmt.Errorf("cache: decode value: %w", err)
 	}
 	return nil
-}
-
-// Delete removes the values at keys and their load locks. A load in flight
-// for one of them when Delete runs, in any process, finds its lock gone and
-// writes nothing, and no GetOrLoad that begins after Delete returns gets the
-// removed value or that load's. Keys may be in different cluster slots; on a
-// cluster, Delete sends single-key commands (each lock before its value), so
-// it also succeeds while a slot migrates. Transient cluster errors are
-// retried within the retry budget. A ctx already ended returns ctx.Err()
-// at once, deleting nothing. Errors: [ErrEmptyKey], [ErrReservedKey],
-// or a Redis error wrapped as "cache: redis: ...".
-func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
-	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
-		return err
-	}
-	full := make([]string, len(keys))
-	for i, k := range keys {
-		k, err := c.key(k)
-		if err != nil {
-			return err
-		}
-		full[i] = k
-	}
-	defer func() {
-		c.nearDrop(full...)
-		for _, k := range full {
-			c.group.Forget(k) // later callers must not join a flight that began before the delete
-		}
-	}()
-	return c.writeConfirmed(ctx, full, func(err error) errClass { return c.redisCall(full[0], err) },
-		func(p redis.Pipeliner) { delCmds(ctx, p, full) },
-		func() error { return c.del(ctx, full) })
-}
-
-// del removes keys and their locks: on a cluster with single-key commands,
-// locks first, so that a holder cannot commit between the two; elsewhere
-// with one DEL per key, which a redis.Ring routes by the value key, where
-// the lock lives.
-func (c *Cache[V]) del(ctx context.Context, keys []string) error {
-	pipe := func(fn func(p redis.Pipeliner)) error {
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { fn(p); return nil })
-		return err
-	}
-	if c.cluster {
-		if err := pipe(func(p redis.Pipeliner) {
-			for _, k := range keys {
-				p.Del(ctx, LockKey(k))
-			}
-		}); err != nil {
-			return err
-		}
-		return pipe(func(p redis.Pipeliner) {
-			for _, k := range keys {
-				p.Del(ctx, k)
-			}
-		})
-	}
-	return pipe(func(p redis.Pipeliner) { delCmds(ctx, p, keys) })
-}
-
-// delCmds deletes keys with their locks, one DEL per key (which a Ring
-// routes by the value key, where the lock lives).
-func delCmds(ctx context.Context, p redis.Pipeliner, keys []string) {
-	for _, k := range keys {
-		p.Del(ctx, k, LockKey(k))
-	}
 }
 
 // key checks a caller's key and returns it with the prefix.

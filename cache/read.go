@@ -1,0 +1,63 @@
+// read.go is Get: one read of Redis (or of the near cache), no load.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// get is Get with its options read.
+func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error) {
+	var zero V
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return zero, err
+	}
+	if v, ok := c.nearGet(key); ok { // the near cache keeps only values within their TTL
+		return v, nil
+	}
+	key, err := c.key(key)
+	if err != nil {
+		return zero, err
+	}
+	if !c.brk.allow() {
+		return zero, c.brk.err()
+	}
+	tk := c.nearTicket(key)
+	at := time.Now()
+	b, err := c.redisio.Get(ctx, key)
+	switch c.redisCall(key, err) {
+	case errNone:
+	default:
+		return zero, fmt.Errorf("cache: redis: %w", err)
+	}
+	if errors.Is(err, redis.Nil) {
+		return zero, ErrCacheMiss
+	}
+	r := c.decode(key, b, at)
+	if r == nil {
+		return zero, ErrCacheMiss
+	}
+	if r.notFound != nil {
+		return zero, notFound(key)
+	}
+	if r.err == nil {
+		switch c.cfg.ageOf(r.fresh, r.throttled, at, nil) { // Get never refreshes
+		case ageExpired:
+			return zero, ErrCacheMiss
+		case ageStale:
+			if o.noStale {
+				return zero, ErrCacheMiss
+			}
+			markStale(ctx)
+		}
+		if c.near != nil {
+			c.near.keep(c, key, tk, r)
+		}
+	}
+	return c.value(r)
+}

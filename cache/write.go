@@ -1,0 +1,134 @@
+// write.go is Set and Delete: the write, which voids any load in flight,
+// and its confirmation by the near caches of every process (see
+// internal/coherence).
+
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/set.lua
+	setLua    string
+	setScript = redis.NewScript(setLua)
+)
+
+// set is Set with its options read.
+func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) error {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return err
+	}
+	key, err := c.key(key)
+	if err != nil {
+		return err
+	}
+	data, err := c.marshal(v)
+	if err != nil {
+		return fmt.Errorf("cache: encode value for %q: %w", key, err)
+	}
+	defer c.group.Forget(key) // later callers must not join a flight that began before the write
+	defer c.nearDrop(key)
+	ttl := c.cfg.ttl
+	if o.ttl > 0 {
+		ttl = o.ttl
+	}
+	rec, px := c.wrap(data, 0, ttl)
+	keys, args := []string{key, LockKey(key)}, []any{rec, px.Milliseconds(), c.notify.Channel(key)}
+	return c.writeConfirmed(ctx, []string{key}, func(err error) errClass { return c.redisCall(key, err) },
+		func(p redis.Pipeliner) { p.Eval(ctx, setLua, keys, args...) },
+		func() error { return setScript.Run(ctx, c.rdb, keys, args...).Err() })
+}
+
+// delete is Delete.
+func (c *Cache[V]) delete(ctx context.Context, keys []string) error {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return err
+	}
+	full := make([]string, len(keys))
+	for i, k := range keys {
+		k, err := c.key(k)
+		if err != nil {
+			return err
+		}
+		full[i] = k
+	}
+	defer func() {
+		c.nearDrop(full...)
+		for _, k := range full {
+			c.group.Forget(k) // later callers must not join a flight that began before the delete
+		}
+	}()
+	return c.writeConfirmed(ctx, full, func(err error) errClass { return c.redisCall(full[0], err) },
+		func(p redis.Pipeliner) { delCmds(ctx, p, full) },
+		func() error { return c.del(ctx, full) })
+}
+
+// del removes keys and their locks: on a cluster with single-key commands,
+// locks first, so that a holder cannot commit between the two; elsewhere
+// with one DEL per key, which a redis.Ring routes by the value key, where
+// the lock lives.
+func (c *Cache[V]) del(ctx context.Context, keys []string) error {
+	pipe := func(fn func(p redis.Pipeliner)) error {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { fn(p); return nil })
+		return err
+	}
+	if c.cluster {
+		if err := pipe(func(p redis.Pipeliner) {
+			for _, k := range keys {
+				p.Del(ctx, LockKey(k))
+			}
+		}); err != nil {
+			return err
+		}
+		return pipe(func(p redis.Pipeliner) {
+			for _, k := range keys {
+				p.Del(ctx, k)
+			}
+		})
+	}
+	return pipe(func(p redis.Pipeliner) { delCmds(ctx, p, keys) })
+}
+
+// delCmds deletes keys with their locks, one DEL per key (which a Ring
+// routes by the value key, where the lock lives).
+func delCmds(ctx context.Context, p redis.Pipeliner, keys []string) {
+	for _, k := range keys {
+		p.Del(ctx, k, LockKey(k))
+	}
+}
+
+// writeConfirmed runs a write of keys (keys[0] names it in errors) within
+// the retry budget, outcome classifying its errors, and with a near cache
+// its confirmation (coherence.Tracker.Write): on a single server the
+// write's commands (pipe) and the confirmation in one pipeline, elsewhere
+// the write (direct) and then the confirmation. Once the write is done,
+// this process's memory drops keys before the wait for the others.
+func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome func(error) errClass, pipe func(redis.Pipeliner), direct func() error) error {
+	for attempt := 1; ; attempt++ {
+		var wait func() error
+		var err error
+		if c.near != nil {
+			wait, err = c.near.track.Write(ctx, pipe, direct)
+		} else {
+			err = direct()
+		}
+		if outcome(err) == errNone {
+			c.nearDrop(keys...)
+			if wait == nil {
+				return nil
+			}
+			if err := wait(); err != nil { // the write is done: say so
+				return fmt.Errorf("cache: %q written, but near caches not confirmed: %w", keys[0], err)
+			}
+			return nil
+		}
+		if c.classify(err) != errTransient || !c.cfg.retry.wait(ctx, attempt) {
+			return fmt.Errorf("cache: redis: %w", err)
+		}
+	}
+}
