@@ -99,7 +99,7 @@ func (b *breaker) record(key string, c errClass, err error) {
 // whether the breaker opened (+1) or closed (-1) with it.
 func (b *breaker) count(c errClass, err error) int {
 	if b.health != nil {
-		b.health.observe(c, err)
+		b.health.learn(c, err)
 	}
 	if b.threshold == 0 {
 		return 0

@@ -6,6 +6,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -74,21 +75,68 @@ func TestSetTTLReportsAContextThatIsNotALoaders(t *testing.T) {
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(time.Hour), WithoutJitter(), WithEarlyRefresh(0))
 	outer := t.Context()
-	var withOuter, withOwn, noCacheOuter bool
+	var withOuter, noCacheOuter bool
 	_, err := c.GetOrLoad(outer, p+"k", func(ctx context.Context) (product, error) {
 		withOuter = SetTTL(outer, 10*time.Second) // the usual slip: the caller's ctx, captured
 		noCacheOuter = DoNotCache(outer)
-		withOwn = SetTTL(ctx, time.Microsecond) // under Redis's millisecond
 		return product{ID: "k"}, nil
 	}, TTL(30*time.Second)) // a call's options are not a loader's either
 	require.NoError(t, err)
 	assert.False(t, withOuter, "SetTTL with the caller's ctx reports that it did nothing")
 	assert.False(t, noCacheOuter, "DoNotCache with the caller's ctx reports that it did nothing")
-	assert.False(t, withOwn, "SetTTL under 1ms reports that it did nothing")
 	assertPTTL(t, rdb, p+"k", 30*time.Second)
 	assert.False(t, SetTTL(t.Context(), time.Second))
 	assert.False(t, DoNotCache(t.Context()))
-	assert.Panics(t, func() { TTL(0) })
+}
+
+// TestTTLRunOutIsNotStored: a TTL computed from data may have run out
+// (TTL(time.Until(sale.Ends)) once the sale has ended). It must never
+// panic: at or below zero the value is returned and not stored, by TTL and
+// SetTTL alike; Set removes the older value; under 1ms is 1ms.
+func TestTTLRunOutIsNotStored(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithTTL(time.Hour), WithoutJitter())
+	ended := time.Now().Add(-time.Minute)
+	for _, tt := range []struct {
+		name string
+		call []CallOption
+		load func(ctx context.Context) (product, error)
+	}{
+		{"TTL zero", []CallOption{TTL(0)}, nil},
+		{"TTL negative", []CallOption{TTL(time.Until(ended))}, nil},
+		{"SetTTL negative", nil, func(ctx context.Context) (product, error) {
+			if !SetTTL(ctx, time.Until(ended)) {
+				return product{}, errors.New("SetTTL refused a loader's context")
+			}
+			return product{ID: "v"}, nil
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			key := p + tt.name
+			src := &counter{}
+			load := tt.load
+			if load == nil {
+				load = src.load
+			}
+			for range 2 {
+				v, err := c.GetOrLoad(t.Context(), key, load, tt.call...)
+				require.NoError(t, err)
+				assert.NotEmpty(t, v.ID, "the loaded value is returned")
+			}
+			assert.Zero(t, rdb.Exists(t.Context(), key, LockKey(key)).Val(), "GetOrLoad(%q) stored a value whose TTL ran out", key)
+			got, err := c.GetOrLoadMany(t.Context(), []string{key}, func(ctx context.Context, keys []string) (map[string]product, error) {
+				return map[string]product{keys[0]: {ID: "m"}}, nil
+			}, tt.call...)
+			require.NoError(t, err)
+			assert.Len(t, got, 1)
+		})
+	}
+	require.NoError(t, c.Set(t.Context(), p+"old", product{ID: "old"}))
+	require.NoError(t, c.Set(t.Context(), p+"old", product{ID: "new"}, TTL(time.Until(ended))))
+	_, err := c.Get(t.Context(), p+"old")
+	assert.ErrorIs(t, err, ErrCacheMiss, "Set with a TTL run out leaves no older value")
+	require.NoError(t, c.Set(t.Context(), p+"tiny", product{ID: "t"}, TTL(time.Microsecond)))
+	assert.LessOrEqual(t, rdb.PTTL(t.Context(), p+"tiny").Val(), time.Millisecond, "under 1ms is Redis's 1ms")
 }
 
 func TestForceRefreshLoadsOnceAcrossProcesses(t *testing.T) {

@@ -41,7 +41,8 @@ var (
 
 	// ErrLoadLockLost is wrapped in the error hook's report (and is the Err
 	// of [EventLockLost]) of a loaded value not stored because its load lock
-	// was lost: a Delete or Set voided it, or its lease lapsed.
+	// ran out while the holder was held up. A lock voided by a Delete or Set
+	// is not an error: see [EventLoadVoided].
 	ErrLoadLockLost = errors.New("cache: load lock lost")
 
 	// ErrEmptyKey is returned for an empty key: it is almost always a bug in

@@ -32,8 +32,9 @@ const (
 	// EventWoken: a waiter was woken by the holder's notification rather
 	// than by its poll interval.
 	EventWoken
-	// EventLockLost: a loaded value was not stored because the lock was no
-	// longer this holder's (a Delete or Set ran, or the lease lapsed).
+	// EventLockLost: a loaded value was not stored because its lock ran
+	// out: the holder was held up (frozen, cut off from Redis) past the lock
+	// TTL. Err: [ErrLoadLockLost]; the error hook hears of it too.
 	EventLockLost
 	// EventStaleServed: a value past its TTL was served. Err: nil when a
 	// refresh was started for it; [ErrRefreshFailed] when its refresh failed
@@ -73,6 +74,10 @@ const (
 	// off, its connection lost) instead of its acknowledgement. Key: that
 	// process's holder id.
 	EventNearLeaseWait
+	// EventLoadVoided: a loaded value was not stored because a Delete or Set
+	// of its key ran while it loaded (the write wins, by design: the load
+	// may have read the source before the write). Not an error. Err: nil.
+	EventLoadVoided
 )
 
 var eventNames = [...]string{
@@ -81,7 +86,7 @@ var eventNames = [...]string{
 	EventRefresh: "refresh", EventRedisError: "redis_error", EventBreakerOpen: "breaker_open",
 	EventBreakerClose: "breaker_close", EventNearHit: "near_hit", EventNearInvalidation: "near_invalidation",
 	EventNearEviction: "near_eviction", EventNearDrop: "near_drop", EventDecodeError: "decode_error",
-	EventNearLeaseWait: "near_lease_wait",
+	EventNearLeaseWait: "near_lease_wait", EventLoadVoided: "load_voided",
 }
 
 // String returns the kind's snake_case name, for metric and log labels.

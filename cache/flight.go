@@ -257,7 +257,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	}
 	b, err := c.redisio.Get(ctx, key)
 	var skip []byte // bytes at key we could not decode, or must reload: a miss, to be replaced
-	switch c.readVerdict(key, err) {
+	switch c.readReply(key, err) {
 	case readHit:
 		if o.force { // what is there now is to be replaced; a value committed after it is not
 			skip = b
@@ -291,13 +291,13 @@ const (
 	readOutage                    // Redis could not serve: the failure policy decides
 )
 
-// readVerdict records a read's outcome (see redisCall) and says what it
+// readReply records a read's outcome (see redisCall) and says what it
 // means.
-func (c *Cache[V]) readVerdict(key string, err error) readVerdict {
+func (c *Cache[V]) readReply(key string, err error) readVerdict {
 	return verdictOf(c.redisCall(key, err), err)
 }
 
-// verdictOf is readVerdict for an error already classified.
+// verdictOf is readReply for an error already classified.
 func verdictOf(class errClass, err error) readVerdict {
 	switch {
 	case err == nil:
@@ -348,7 +348,7 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 		default:
 			return c.lostReply(ctx, key, lk, err, w.transient, load, o)
 		}
-		if !c.wait(ctx, key, &w, &attempt) {
+		if !c.waitForHolder(ctx, key, &w, &attempt) {
 			err := c.notAcquired(ctx, key)
 			c.waited(key, w.start, err)
 			return nil, err
@@ -363,9 +363,9 @@ type waiter struct {
 	subscribed bool      // a wait has returned early to re-read after subscribing
 }
 
-// wait waits for key's holder to commit or release (woken by the notifier,
+// waitForHolder waits for key's holder to commit or release (woken by the notifier,
 // or one backoff) and reports whether the flight may try again.
-func (c *Cache[V]) wait(ctx context.Context, key string, w *waiter, attempt *int) bool {
+func (c *Cache[V]) waitForHolder(ctx context.Context, key string, w *waiter, attempt *int) bool {
 	if *attempt <= c.cfg.retry.max {
 		began := time.Now()
 		if c.notify.Wait(ctx, key, c.cfg.retry.backoff) {

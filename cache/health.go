@@ -79,10 +79,10 @@ func (h *health) log(level slog.Level, msg string, args ...any) {
 	}
 }
 
-// observe learns from a Redis call's outcome: the first failure without a
+// learn learns from a Redis call's outcome: the first failure without a
 // reply begins an outage and is logged; the first reply after it ends the
 // outage and is logged too. One atomic load on the way of every call.
-func (h *health) observe(class errClass, err error) {
+func (h *health) learn(class errClass, err error) {
 	if class == errFull {
 		h.full(err)
 	}

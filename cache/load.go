@@ -63,14 +63,17 @@ type loadKey struct {
 
 // loadFor calls load once for keys, extending their locks meanwhile, and
 // ends every lock: the value committed (fenced by the lock's token) or the
-// lock released. ttl is the call's TTL (0: the Cache's); the loader's
+// lock released. ttl is the call's TTL (unset: the Cache's); the loader's
 // [SetTTL] wins. Each key gets its result or its error, index-aligned with
 // keys; a result's at is when the call that vouches for it was sent (see
 // result.at).
-func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[V], ttl time.Duration) ([]*result[V], []error) {
+func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[V], ttl ttlChoice) ([]*result[V], []error) {
 	names := make([]string, len(keys))
 	for i, k := range keys {
 		names[i] = k.name
+		if k.lk != nil {
+			k.lk.renewed.Store(int64(k.locked.Sub(epoch)))
+		}
 	}
 	stop := c.watchdog(ctx, keys)
 	opts := &loadOptions{ttl: ttl}
@@ -79,7 +82,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 		return load(ctx, names)
 	})
 	took := time.Since(began)
-	c.cfg.emit(EventLoad, keys[0].key, took, err)
+	c.cfg.emit(EventLoad, keys[0].key, took, loadEventErr(err, keys, m))
 	stop()
 
 	rs, errs := make([]*result[V], len(keys)), make([]error, len(keys))
@@ -90,7 +93,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 			errs[i] = err
 		} else {
 			v, ok := m[k.name]
-			rs[i], errs[i] = c.outcome(k.key, v, ok)
+			rs[i], errs[i] = c.resultOf(k.key, v, ok)
 		}
 		if k.lk == nil {
 			if rs[i] != nil {
@@ -113,10 +116,21 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 	return rs, errs
 }
 
-// outcome turns what the loader returned for key into a flight result. On
+// loadEventErr is the Err of a load's EventLoad: the loader's error, or
+// [ErrNotFound] when the load of one key found nothing.
+func loadEventErr[V any](err error, keys []loadKey, m map[string]V) error {
+	if err == nil && len(keys) == 1 {
+		if _, ok := m[keys[0].name]; !ok {
+			return ErrNotFound
+		}
+	}
+	return err
+}
+
+// resultOf turns what the loader returned for key into a flight result. On
 // success every caller, the first included, decodes the encoded bytes, so
 // that all see exactly what the cache stores.
-func (c *Cache[V]) outcome(key string, v V, ok bool) (*result[V], error) {
+func (c *Cache[V]) resultOf(key string, v V, ok bool) (*result[V], error) {
 	if !ok {
 		return &result[V]{notFound: ErrNotFound}, nil
 	}
@@ -136,16 +150,13 @@ func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, 
 		c.report(k.key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", k.key, c.cfg.throttle, err))
 		end.record = record.EncodeFresh(record.FlagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, k.fallback)
 		end.px = addSat(c.cfg.throttle, c.cfg.stale)
-	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0:
-		// released: callers merged with the load get it (see DoNotCache)
+	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0,
+		r.notFound == nil && opts.ttl.or(c.cfg.ttl) <= 0:
+		// released: callers merged with the load get it (see DoNotCache, TTL)
 	case r.notFound != nil:
 		end.record, end.px = record.Encode(record.FlagNotFound, nil), c.cfg.notFoundTTL
 	default:
-		ttl := c.cfg.ttl
-		if opts.ttl > 0 {
-			ttl = opts.ttl
-		}
-		end.record, end.px = c.wrap(r.data, took, ttl)
+		end.record, end.px = c.wrap(r.data, took, opts.ttl.or(c.cfg.ttl))
 	}
 	return end
 }
@@ -158,7 +169,7 @@ func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration) (rec []byte, px ti
 	if !c.cfg.withFreshness() {
 		return record.Encode(0, data), ttl
 	}
-	return record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, data), addSat(ttl, c.cfg.keep(took))
+	return record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, data), addSat(ttl, c.cfg.keepPast(took))
 }
 
 // marshal encodes v; a panicking codec becomes an error here, while the lock
@@ -256,9 +267,11 @@ func (c *Cache[V]) ended(ends []lockEnd, idx []int, cmds []*redis.Cmd, stored []
 			c.report(e.key, fmt.Errorf("cache: release lock of %q: %w", e.key, err))
 		case err != nil:
 			c.report(e.key, fmt.Errorf("cache: store %q: %w", e.key, err))
+		case n == 0 && e.record != nil && e.lk.voided(c.cfg.lockTTL):
+			c.cfg.emit(EventLoadVoided, e.key, 0, nil) // a write won over the load, as designed
 		case n == 0 && e.record != nil:
 			c.cfg.emit(EventLockLost, e.key, 0, ErrLoadLockLost)
-			c.report(e.key, fmt.Errorf("cache: loaded value for %q not stored, the lock was lost: %w", e.key, ErrLoadLockLost))
+			c.report(e.key, fmt.Errorf("cache: loaded value for %q not stored, its lock ran out (the holder was held up past the lock TTL): %w", e.key, ErrLoadLockLost))
 		case n == 1: // stored, or released while still ours: no Delete or Set came between
 			stored[i] = at
 		}
@@ -327,6 +340,7 @@ func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
 		calls[i] = redisio.ScriptCall{Keys: k.lk.keys(), Args: []any{k.lk.token, c.cfg.lockTTL.Milliseconds(), ""}}
 		keys[i] = k.key
 	}
+	at := nanotime()
 	cmds := c.eval(ctx, redisio.ScriptRun{Script: unlockScript, Src: unlockLua, Calls: calls})
 	errs := make([]error, len(cmds))
 	for i, cmd := range cmds {
@@ -335,8 +349,12 @@ func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
 	c.round(keys, errs)
 	kept := live[:0]
 	for i, k := range live {
-		if !errors.Is(ownerChecked(cmds[i]), ErrLoadLockLost) {
+		switch err := ownerChecked(cmds[i]); {
+		case err == nil:
+			k.lk.renewed.Store(at)
 			kept = append(kept, k)
+		case !errors.Is(err, ErrLoadLockLost):
+			kept = append(kept, k) // not extended: its TTL still runs from the last extension
 		}
 	}
 	return kept

@@ -11,8 +11,22 @@ import (
 
 // loadOptions is what a loader said through its context.
 type loadOptions struct {
-	ttl     time.Duration // 0: the Cache's TTL
+	ttl     ttlChoice // the call's, unless the loader chose
 	noCache bool
+}
+
+// ttlChoice is the TTL one call or one load chose; unset, the Cache's.
+type ttlChoice struct {
+	d   time.Duration // at or below zero: the value is not stored
+	set bool
+}
+
+// or is the chosen TTL, else def.
+func (t ttlChoice) or(def time.Duration) time.Duration {
+	if t.set {
+		return t.d
+	}
+	return def
 }
 
 // loadOptionsKey is the context key of a loader's *loadOptions.
@@ -20,14 +34,17 @@ type loadOptionsKey struct{}
 
 // SetTTL, called by a loader with the context it was given, sets the TTL of
 // the value it is about to return, instead of the call's [TTL] or the
-// Cache's (see [WithTTL]); jitter still applies. It reports whether it did:
-// false when d is under 1ms or ctx is not a loader's context, the usual
-// slip being the caller's ctx captured by the loader's closure instead of
-// the one the loader receives. (It reports rather than panics: a loader
-// shared with code outside the cache should not crash there.)
+// Cache's (see [WithTTL]); jitter still applies. As with [TTL], a d at or
+// below zero means the value is returned but not stored (a TTL computed
+// from data that has already run out: time.Until(sale.Ends)), and a d
+// under 1ms is 1ms, Redis's resolution. It reports whether ctx is a
+// loader's context: false for any other, the usual slip being the
+// caller's ctx captured by the loader's closure instead of the one the
+// loader receives. (It reports rather than panics: a loader shared with
+// code outside the cache should not crash there.)
 func SetTTL(ctx context.Context, d time.Duration) bool {
-	if o, _ := ctx.Value(loadOptionsKey{}).(*loadOptions); o != nil && d >= time.Millisecond {
-		o.ttl = d
+	if o, _ := ctx.Value(loadOptionsKey{}).(*loadOptions); o != nil {
+		o.ttl = ttlChoice{d, true}
 		return true
 	}
 	return false

@@ -1,13 +1,14 @@
-// loadlock.go is the load lock GetOrLoad takes on a miss. Every script that
+// lock.go is the load lock GetOrLoad takes on a miss. Every script that
 // touches it names the value key first, so that a redis.Ring (which routes a
 // script by its first key) keeps the value and its lock on one shard.
 
 package cache
 
 import (
-	"context"
-	_ "embed"
+	"sync/atomic"
 	"time"
+
+	_ "embed"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/token"
@@ -34,6 +35,17 @@ type loadLock struct {
 	key   string // the value key
 	lock  string // LockKey(key)
 	token string
+	// renewed is the nanotime at which the call that last set the lock's
+	// TTL was sent (its taking, then each extension): until a lock TTL
+	// after it, only a Delete or Set can have voided the lock.
+	renewed atomic.Int64
+}
+
+// voided reports whether a lock found lost was voided by a write (a
+// Delete or Set: the write wins, by design) rather than lost by its lease
+// running out (a holder frozen or cut off past its lock TTL).
+func (l *loadLock) voided(lockTTL time.Duration) bool {
+	return nanotime()-l.renewed.Load() < int64(lockTTL)
 }
 
 func newLoadLock(key string) *loadLock {
@@ -41,14 +53,3 @@ func newLoadLock(key string) *loadLock {
 }
 
 func (l *loadLock) keys() []string { return []string{l.key, l.lock} }
-
-// release gives the lock up and announces it on channel (if not "");
-// [ErrLoadLockLost] if it is no longer ours.
-func (l *loadLock) release(ctx context.Context, rdb redis.Scripter, channel string) error {
-	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, "", channel))
-}
-
-// extend sets the lease to ttl from now; [ErrLoadLockLost] if it is no longer ours.
-func (l *loadLock) extend(ctx context.Context, rdb redis.Scripter, ttl time.Duration) error {
-	return ownerChecked(unlockScript.Run(ctx, rdb, l.keys(), l.token, ttl.Milliseconds(), ""))
-}

@@ -460,22 +460,23 @@ type CallOption func(*callOptions)
 // callOptions is what a call's options said; the zero value is the Cache's
 // behaviour.
 type callOptions struct {
-	ttl     time.Duration // 0: the Cache's (see WithTTL)
-	force   bool          // load anew even if a value is cached
-	noStale bool          // a value past its TTL is a miss for this call
+	ttl     ttlChoice // unset: the Cache's (see WithTTL)
+	force   bool      // load anew even if a value is cached
+	noStale bool      // a value past its TTL is a miss for this call
 }
 
 // TTL makes the value this call stores live for d (before jitter) instead
 // of the Cache's TTL (see [WithTTL]): for [Cache.Set] the value it writes,
 // for [Cache.GetOrLoad] and [Cache.GetOrLoadMany] the values their loader
 // returns (a loader's own [SetTTL] still wins: it knows the value). A hit
-// keeps the TTL it was stored with. d must be at least 1ms; a smaller d
-// panics: it is a programming error.
+// keeps the TTL it was stored with. A d computed from data may have run out
+// (TTL(time.Until(sale.Ends))): at or below zero, GetOrLoad and
+// GetOrLoadMany return what they load without storing it, and Set removes
+// the key as [Cache.Delete] does (a value already expired, which must not
+// leave the older one in place); a d under 1ms is 1ms, Redis's
+// resolution.
 func TTL(d time.Duration) CallOption {
-	if d < time.Millisecond {
-		panic(fmt.Sprintf("cache: TTL: %v is under the 1ms Redis can keep", d))
-	}
-	return func(o *callOptions) { o.ttl = d }
+	return func(o *callOptions) { o.ttl = ttlChoice{d, true} }
 }
 
 // ForceRefresh makes [Cache.GetOrLoad] load the key anew even if a value is

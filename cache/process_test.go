@@ -7,6 +7,7 @@ package cache
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -41,7 +42,17 @@ func runChild(mode string) int {
 	dur := func(k string) time.Duration { d, _ := time.ParseDuration(env(k)); return d }
 	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS")})
 	defer rdb.Close()
-	c := New[product](rdb, WithLockTTL(dur("LOCK_TTL")), WithRetry(200, 50*time.Millisecond))
+	c := New[product](rdb, WithLockTTL(dur("LOCK_TTL")), WithRetry(200, 50*time.Millisecond),
+		WithObserver(func(e Event) {
+			if e.Kind == EventLockLost || e.Kind == EventLoadVoided {
+				fmt.Println("event", e.Kind)
+			}
+		}),
+		WithErrorHook(func(_ string, err error) {
+			if errors.Is(err, ErrLoadLockLost) {
+				fmt.Println("hook", err)
+			}
+		}))
 	key := env("KEY")
 	ctx := context.Background()
 
@@ -264,6 +275,9 @@ func TestFrozenHolderCannotOverwriteNewerValue(t *testing.T) {
 	require.Equal(t, "new", v.ID)
 
 	require.NoError(t, holder.cmd.Process.Signal(syscall.SIGCONT))
+	// A real loss, not a write winning over the load: an error, not just an event.
+	assert.Equal(t, "lock_lost", holder.expect(t, "event"))
+	assert.Contains(t, holder.expect(t, "hook"), "its lock ran out")
 	assert.Equal(t, "old", holder.expect(t, "returned"), "the frozen holder's own caller gets what it loaded")
 	require.NoError(t, holder.cmd.Wait())
 

@@ -36,8 +36,8 @@ type due[V any] struct {
 // a stale value is among those started, waits up to the soft load timeout
 // for it: once for all of ds, not once per key. It returns the fresh
 // results that replace stale values, by key, and reports the stale values
-// served (EventStaleServed). ttl is the call's TTL (0: the Cache's).
-func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[V], ttl time.Duration) map[string]*result[V] {
+// served (EventStaleServed). ttl is the call's TTL (unset: the Cache's).
+func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[V], ttl ttlChoice) map[string]*result[V] {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -87,7 +87,7 @@ func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[
 // produced none is absent); nil when it started none. The refresh runs on
 // ctx's values without its cancellation, bounded by the load timeout;
 // [Cache.Close] waits for it.
-func (c *Cache[V]) refreshMany(ctx context.Context, ds []due[V], load loaderFunc[V], ttl time.Duration) (started map[string]bool, done <-chan map[string]*result[V]) {
+func (c *Cache[V]) refreshMany(ctx context.Context, ds []due[V], load loaderFunc[V], ttl ttlChoice) (started map[string]bool, done <-chan map[string]*result[V]) {
 	var mine []due[V]
 	for _, d := range ds {
 		if _, running := c.refreshing.LoadOrStore(d.key, struct{}{}); !running {
@@ -156,7 +156,7 @@ func (c *Cache[V]) refreshed(key string, r *result[V], err error) {
 // another process holds its lock. A panic (none is expected: loader and
 // codec panics are already errors) releases the locks and is every key's
 // error.
-func (c *Cache[V]) refreshLocked(ctx context.Context, ds []due[V], load loaderFunc[V], ttl time.Duration) (rs []*result[V], errs []error) {
+func (c *Cache[V]) refreshLocked(ctx context.Context, ds []due[V], load loaderFunc[V], ttl ttlChoice) (rs []*result[V], errs []error) {
 	rs, errs = make([]*result[V], len(ds)), make([]error, len(ds))
 	held, idx := c.lockDue(ctx, ds, errs)
 	if len(held) == 0 {

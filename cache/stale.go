@@ -101,8 +101,8 @@ func drawFor(head []byte) float64 {
 // that starts late is not seen as a miss: three load durations.
 func grace(load time.Duration) time.Duration { return 3 * load }
 
-// keep is how long past its TTL Redis must keep a value loaded in load.
-func (c *config) keep(load time.Duration) time.Duration {
+// keepPast is how long past its TTL Redis must keep a value loaded in load.
+func (c *config) keepPast(load time.Duration) time.Duration {
 	if c.beta == 0 {
 		return c.stale
 	}

@@ -23,6 +23,10 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return err
 	}
+	ttl := o.ttl.or(c.cfg.ttl)
+	if ttl <= 0 { // already expired: the older value must not stay either
+		return c.delete(ctx, []string{key})
+	}
 	key, err := c.key(key)
 	if err != nil {
 		return err
@@ -33,10 +37,6 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	}
 	defer c.group.Forget(key) // later callers must not join a flight that began before the write
 	defer c.nearDrop(key)
-	ttl := c.cfg.ttl
-	if o.ttl > 0 {
-		ttl = o.ttl
-	}
 	rec, px := c.wrap(data, 0, ttl)
 	keys, args := []string{key, LockKey(key)}, []any{rec, px.Milliseconds(), c.notify.Channel(key)}
 	return c.writeConfirmed(ctx, []string{key}, func(err error) errClass { return c.redisCall(key, err) },

@@ -44,8 +44,7 @@ func Example() {
 		return "Espresso machine, old price", nil
 	})
 	fmt.Println("error:", err)
+	// The Delete won over the load, as designed: nothing is logged.
 	// Output:
-	// level=INFO msg="cache: lock lost, value not stored" key=example:slog:42
-	// level=INFO msg="cache: error handled" key=example:slog:42
 	// error: <nil>
 }

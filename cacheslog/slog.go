@@ -30,18 +30,14 @@ import (
 
 // ErrorHook returns a function for [cache.WithErrorHook] that logs each error
 // the cache handled without returning it to a caller, with the key and the
-// error as attributes "key" and "error": at Info when a loaded value was not
-// stored because the lock was lost (the error wraps [cache.ErrLoadLockLost]: a
-// Delete or Set won over the load, as designed), at Warn otherwise. A nil
+// error as attributes "key" and "error", at Warn (a Delete or Set winning over
+// a load is not an error: the cache reports it as [cache.EventLoadVoided]
+// only). A nil
 // logger means [slog.Default] at the time of each error. The function is safe
 // for concurrent use if the logger's handler is, as slog's handlers are.
 func ErrorHook(logger *slog.Logger) func(key string, err error) {
 	return func(key string, err error) {
-		level := slog.LevelWarn
-		if errors.Is(err, cache.ErrLoadLockLost) {
-			level = slog.LevelInfo
-		}
-		orDefault(logger).LogAttrs(context.Background(), level, "cache: error handled",
+		orDefault(logger).LogAttrs(context.Background(), slog.LevelWarn, "cache: error handled",
 			slog.String("key", key), slog.Any("error", err))
 	}
 }
@@ -53,7 +49,7 @@ func ErrorHook(logger *slog.Logger) func(key string, err error) {
 //	Warn  cache: redis error               a Redis call failed
 //	Warn  cache: circuit breaker open      Redis is skipped until a probe succeeds
 //	Info  cache: circuit breaker closed    the probe succeeded
-//	Info  cache: lock lost, value not stored
+//	Warn  cache: lock ran out, value not stored   the holder was held up past the lock TTL
 //	Warn  cache: stale value served        because its refresh failed
 //	Warn  cache: refresh failed            a background refresh's error (not ErrNotFound)
 //
@@ -75,7 +71,7 @@ func Observer(logger *slog.Logger) func(cache.Event) {
 		case cache.EventBreakerClose:
 			level, msg = slog.LevelInfo, "cache: circuit breaker closed"
 		case cache.EventLockLost:
-			level, msg = slog.LevelInfo, "cache: lock lost, value not stored"
+			msg = "cache: lock ran out, value not stored"
 		case cache.EventStaleServed:
 			if e.Err == nil {
 				return // served while a refresh runs: the normal case

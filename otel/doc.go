@@ -25,7 +25,8 @@
 //	cache.lookups             counter    {lookup}      cache.lookup.result = hit | miss
 //	cache.lock.contentions    counter    {contention}  another holder was loading the key
 //	cache.wait.woken          counter    {wait}        a wait ended by the holder's notification
-//	cache.lock.lost           counter    {load}        a loaded value not stored: the lock was lost
+//	cache.lock.lost           counter    {load}        a loaded value not stored: its lock ran out
+//	cache.load.voided         counter    {load}        a loaded value not stored: a Delete or Set won
 //	cache.stale.served        counter    {value}       cache.stale.reason = refreshing | error
 //	cache.redis.errors        counter    {error}       failed Redis calls
 //	cache.breaker.transitions counter    {transition}  cache.breaker.state = open | closed

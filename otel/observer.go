@@ -79,7 +79,8 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 		lookups:     counter("cache.lookups", "{lookup}", "Reads of a key in Redis, by result: a hit, or a miss that a load or a wait follows."),
 		contentions: counter("cache.lock.contentions", "{contention}", "Misses that found another holder loading the key, and waited for it."),
 		woken:       counter("cache.wait.woken", "{wait}", "Waits ended by the holder's notification rather than by polling."),
-		lockLost:    counter("cache.lock.lost", "{load}", "Loaded values not stored because the lock was no longer this holder's."),
+		lockLost:    counter("cache.lock.lost", "{load}", "Loaded values not stored because the lock ran out while the holder was held up."),
+		loadVoided:  counter("cache.load.voided", "{load}", "Loaded values not stored because a Delete or Set of the key won over the load."),
 		staleServed: counter("cache.stale.served", "{value}", "Values past their TTL served, by reason: a refresh runs, or it failed."),
 		redisErrors: counter("cache.redis.errors", "{error}", "Redis calls that failed."),
 		breaker:     counter("cache.breaker.transitions", "{transition}", "Circuit breaker transitions, by the state entered."),
@@ -120,9 +121,9 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 // with the attribute set built once. It is read-only after Observer, so safe
 // for concurrent use.
 type observer struct {
-	lookups, contentions, woken, lockLost, staleServed, redisErrors, breaker metric.Int64Counter
-	nearHits, nearRemoved, nearDrops, nearLeaseWaits                         metric.Int64Counter
-	loadTime, waitTime, refreshTime                                          metric.Float64Histogram
+	lookups, contentions, woken, lockLost, loadVoided, staleServed, redisErrors, breaker metric.Int64Counter
+	nearHits, nearRemoved, nearDrops, nearLeaseWaits                                     metric.Int64Counter
+	loadTime, waitTime, refreshTime                                                      metric.Float64Histogram
 
 	plain, hit, miss, staleRefreshing, staleError, breakerOpen, breakerClosed []metric.AddOption
 	nearInvalidated, nearEvicted                                              []metric.AddOption
@@ -148,6 +149,8 @@ func (o *observer) observe(e cache.Event) {
 		o.woken.Add(ctx, 1, o.plain...)
 	case cache.EventLockLost:
 		o.lockLost.Add(ctx, 1, o.plain...)
+	case cache.EventLoadVoided:
+		o.loadVoided.Add(ctx, 1, o.plain...)
 	case cache.EventStaleServed:
 		if e.Err == nil {
 			o.staleServed.Add(ctx, 1, o.staleRefreshing...)

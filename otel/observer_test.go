@@ -280,6 +280,7 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventWait, Duration: time.Second, Err: cache.ErrLockNotAcquired}, "cache.wait.duration", []attribute.KeyValue{outcome("error")}},
 		{cache.Event{Kind: cache.EventWoken}, "cache.wait.woken", nil},
 		{cache.Event{Kind: cache.EventLockLost, Err: cache.ErrLoadLockLost}, "cache.lock.lost", nil},
+		{cache.Event{Kind: cache.EventLoadVoided}, "cache.load.voided", nil},
 		{cache.Event{Kind: cache.EventStaleServed}, "cache.stale.served", []attribute.KeyValue{cacheotel.KeyStaleReason.String("refreshing")}},
 		{cache.Event{Kind: cache.EventStaleServed, Err: failed}, "cache.stale.served", []attribute.KeyValue{cacheotel.KeyStaleReason.String("error")}},
 		{cache.Event{Kind: cache.EventRefresh, Duration: time.Second}, "cache.refresh.duration", []attribute.KeyValue{outcome("ok")}},
