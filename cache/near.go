@@ -115,7 +115,8 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		}),
 		OnDeletion: func(e otter.DeletionEvent[string, *nearEntry[V]]) {
 			if e.Cause == otter.CauseOverflow {
-				cfg.emit(EventNearEviction, e.Key, 0, nil)
+				cfg.emit(EventNearEviction, cfg.prefix+e.Key, 0, nil) // the store's keys are the callers'
+
 			}
 		},
 	})
@@ -256,8 +257,8 @@ func (c *Cache[V]) nearGet(key string) (V, bool) {
 		return zero, false
 	}
 	v, ok := c.near.get(c, key)
-	if ok {
-		c.cfg.emit(EventNearHit, key, 0, nil)
+	if ok && c.cfg.observer != nil { // the full key, as every event: built only when someone listens
+		c.cfg.emit(EventNearHit, c.cfg.prefix+key, 0, nil)
 	}
 	return v, ok
 }

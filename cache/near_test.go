@@ -8,10 +8,13 @@ package cache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -446,4 +449,44 @@ func TestNearCacheOfADroppedCacheEnds(t *testing.T) {
 		runtime.GC()
 		return runtime.NumGoroutine() <= before
 	}), "goroutines: %d before, %d after the Cache was dropped", before, runtime.NumGoroutine())
+}
+
+// TestNearEventsCarryTheFullKey: Event.Key is the full Redis key (prefix
+// included) for every kind; near_hit carried the caller's key and
+// near_eviction the store's.
+func TestNearEventsCarryTheFullKey(t *testing.T) {
+	_, p := setup(t)
+	var mu sync.Mutex
+	keys := map[EventKind][]string{}
+	rec := WithObserver(func(e Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		keys[e.Kind] = append(keys[e.Kind], e.Key)
+	})
+	c, _, _ := newNearCache(t, p, rec, WithNearCache(nearEntryOverhead*4)) // room for a few entries only
+	src := &counter{}
+	for i := range 40 {
+		k := fmt.Sprintf("k%d", i%20)
+		_, err := c.GetOrLoad(t.Context(), k, src.load)
+		require.NoError(t, err)
+	}
+	for range 3 {
+		_, err := c.GetOrLoad(t.Context(), "k19", src.load)
+		require.NoError(t, err)
+	}
+	c.near.store.CleanUp()
+	count := func(kind EventKind) int { mu.Lock(); defer mu.Unlock(); return len(keys[kind]) }
+	hits := count(EventNearHit)
+	_, err := c.GetOrLoad(t.Context(), "k19", nil)
+	assert.ErrorIs(t, err, ErrNilLoader)
+	assert.Equal(t, hits, count(EventNearHit), "a call refused for its nil loader is no near hit")
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, keys[EventNearHit], "near hits")
+	require.NotEmpty(t, keys[EventNearEviction], "evictions")
+	for _, kind := range []EventKind{EventNearHit, EventNearEviction, EventMiss, EventLoad} {
+		for _, k := range keys[kind] {
+			assert.True(t, strings.HasPrefix(k, p), "%v Key = %q; want the full key, under %q", kind, k, p)
+		}
+	}
 }
