@@ -16,15 +16,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/rediserr"
 )
 
 // health is one client's state, shared by its caches and breakers. Safe
 // for concurrent use.
 type health struct {
-	addr    string        // where the client points, for messages
-	down    atomic.Bool   // an outage is in progress: its first failure was logged
-	fullAt  atomic.Int64  // nanotime of the last OOM reply; 0: none yet
-	episode atomic.Uint64 // episodes of memory pressure begun (see full)
+	refusals sync.Map      // prefixes ("" for the server) whose near cache refusal was logged
+	addr     string        // where the client points, for messages
+	down     atomic.Bool   // an outage is in progress: its first failure was logged
+	fullAt   atomic.Int64  // nanotime of the last OOM reply; 0: none yet
+	episode  atomic.Uint64 // episodes of memory pressure begun (see full)
 
 	mu      sync.Mutex
 	loggers map[*slog.Logger]int // protected by mu; by Caches using each; nil: slog.Default()
@@ -159,4 +161,20 @@ func ping(ctx context.Context, rdb redis.UniversalClient) error {
 		}
 	}
 	return nil
+}
+
+// nearRefused reports that a near cache cannot serve because Redis refused
+// a command it needs (its tracker reports that once until it serves): for
+// a server without client-side caching, which every Cache on the client
+// meets alike, once per client and as a warning, not an error.
+func (h *health) nearRefused(prefix string, err error) {
+	if rediserr.IsUnknownCommand(err) {
+		if _, seen := h.refusals.LoadOrStore("", true); !seen {
+			h.log(slog.LevelWarn, "cache: near cache off: this Redis server has no client-side caching (CLIENT TRACKING, Redis 6.0 or later); reads go to Redis",
+				"redis", h.addr, "err", err)
+		}
+		return
+	}
+	h.log(slog.LevelError, "cache: near cache not serving: Redis refused a command it needs (see docs/GUARANTEES.md, Redis ACLs); reads go to Redis",
+		"redis", h.addr, "prefix", prefix, "err", err)
 }

@@ -33,12 +33,17 @@ func serverMillis(t *testing.T, rdb *redis.Client) int64 {
 }
 
 // limitedClient is a client of a private server, logged in as a user who
-// may do everything but what deny takes away (say "-hset").
-func limitedClient(t *testing.T, deny string) *redis.Client {
+// may do everything but what deny takes away (say "-hset"), then what it
+// gives back ("-client", "+client|id").
+func limitedClient(t *testing.T, deny ...string) *redis.Client {
 	t.Helper()
 	srv := redistest.PrivateServer(t, "it creates an ACL user")
 	admin := redistest.Client(t, srv.Addr)
-	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all", deny).Err())
+	args := []any{"ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all"}
+	for _, d := range deny {
+		args = append(args, d)
+	}
+	require.NoError(t, admin.Do(t.Context(), args...).Err())
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limited", Password: "pw"})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
@@ -66,6 +71,24 @@ func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
 	require.Len(t, lines, 1, "one report for every failed renewal: %q", lines)
 	assert.Contains(t, lines[0], "near cache not serving")
 	assert.Contains(t, lines[0], "the lease script") // the refusal itself is worded differently by each Redis
+}
+
+// TestNearCacheServesUnderANarrowClientRule: a security review narrows
+// +@all to the CLIENT subcommands the near cache needs (ID, TRACKING); the
+// tracking connection's name (CLIENT SETNAME) is refused, which must not
+// keep the near cache from serving.
+func TestNearCacheServesUnderANarrowClientRule(t *testing.T) {
+	rdb := limitedClient(t, "-client", "+client|id", "+client|tracking")
+	ev := &events{}
+	c := New[product](rdb, WithPrefix("nc:"), ev.option())
+	defer c.Close()
+	require.True(t, eventually(func() bool { return nearReady(c) }), "the near cache never served under -client +client|id +client|tracking")
+	src := &counter{}
+	for range 10 {
+		_, err := c.GetOrLoad(t.Context(), "k", src.load)
+		require.NoError(t, err)
+	}
+	assert.GreaterOrEqual(t, ev.get(EventNearHit), int64(8), "reads served from memory")
 }
 
 // A user whose ACL refuses INFO (the tracking connections ask which server

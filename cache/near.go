@@ -8,7 +8,6 @@ package cache
 
 import (
 	"fmt"
-	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -141,10 +140,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		OnLapse: func(holder string) {
 			cfg.emit(EventNearLeaseWait, holder, 0, nil)
 		},
-		OnRefused: func(err error) {
-			health.log(slog.LevelError, "cache: near cache not serving: Redis refused a command it needs (see the README's Redis ACLs); reads go to Redis",
-				"redis", health.addr, "prefix", cfg.prefix, "err", err)
-		},
+		OnRefused: func(err error) { health.nearRefused(cfg.prefix, err) },
 	})
 	return n
 }

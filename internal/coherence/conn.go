@@ -47,6 +47,9 @@ func (t *Tracker) startNode(ctx context.Context, addr string, base *redis.Option
 	return n
 }
 
+// ClientName names the tracking connections in CLIENT LIST.
+const ClientName = "stampede-near"
+
 // nodeOptions are the options of a tracking connection to the node of base.
 // It copies the connection settings field by field: a copy of the whole
 // struct would share pointers that the user's client writes to while it
@@ -58,9 +61,10 @@ func nodeOptions(base *redis.Options) redis.Options {
 		MaxRetries: base.MaxRetries, MinRetryBackoff: base.MinRetryBackoff, MaxRetryBackoff: base.MaxRetryBackoff,
 		DialTimeout: base.DialTimeout, ReadTimeout: base.ReadTimeout, WriteTimeout: base.WriteTimeout,
 		ContextTimeoutEnabled: base.ContextTimeoutEnabled, PoolTimeout: base.PoolTimeout,
-		Protocol:   2, // RESP2: invalidations arrive as messages on __redis__:invalidate
-		PoolSize:   1,
-		ClientName: "stampede-near",
+		Protocol: 2, // RESP2: invalidations arrive as messages on __redis__:invalidate
+		PoolSize: 1,
+		// No ClientName: go-redis would fail the connection if an ACL
+		// refuses CLIENT SETNAME; onConnect names it when it may.
 	}
 }
 
@@ -74,6 +78,7 @@ func (t *Tracker) onConnect(n *node, user func(context.Context, *redis.Conn) err
 				return err
 			}
 		}
+		_ = cn.ClientSetName(ctx, ClientName).Err() // for operators only: an ACL may refuse it
 		id, err := cn.ClientID(ctx).Result()
 		if err != nil {
 			return t.refuse(fmt.Errorf("CLIENT ID: %w", err))

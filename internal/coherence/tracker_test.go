@@ -72,6 +72,8 @@ func TestCloseResignsTheLease(t *testing.T) {
 	ids := tr.ConnIDs()
 	require.Len(t, ids, 1)
 	assert.NotZero(t, ids[0])
+	ttl := admin.PTTL(t.Context(), RegistryKey(p)).Val()
+	assert.True(t, ttl > 0 && ttl <= 3*time.Second, "the registry lives three leases past the last renewal; PTTL %v", ttl)
 	tr.Close()
 	assert.False(t, tr.Serving(), "serving after Close")
 	assert.False(t, admin.HExists(t.Context(), RegistryKey(p), tr.ID()).Val(), "a closed tracker still holds its lease")

@@ -5,11 +5,11 @@ package notify
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/rediserr"
 )
 
 // subscription is one PubSub: one connection to one master, and the
@@ -142,7 +142,7 @@ func (h *hub) answer(channel string, err error, s *subscription) bool {
 	switch {
 	case err == nil:
 		cs.ok = true
-	case s.sharded && isUnknownCommand(err):
+	case s.sharded && rediserr.IsUnknownCommand(err):
 		cs.err = errUnsharded
 		close(cs.ready)
 		h.killLocked(s, errUnsharded, 0) // the loop closes the PubSub
@@ -156,10 +156,6 @@ func (h *hub) answer(channel string, err error, s *subscription) bool {
 	}
 	close(cs.ready)
 	return true
-}
-
-func isUnknownCommand(err error) bool {
-	return strings.Contains(strings.ToLower(err.Error()), "unknown command")
 }
 
 // dropped forgets a channel the server unsubscribed.

@@ -80,3 +80,10 @@ func IsReply(err error) bool {
 	var reply redis.Error
 	return errors.As(err, &reply) && !errors.Is(err, redis.ErrClosed)
 }
+
+// IsUnknownCommand reports whether err is Redis saying it lacks a command
+// or subcommand (an older server, or one that is not Redis).
+func IsUnknownCommand(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
+}

@@ -17,6 +17,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- one that would change nothing.)
 if redis.call('HEXISTS', KEYS[1], '~since') == 0 then
   redis.call('HSETNX', KEYS[1], '~since', now)
+  -- Bounded when only writers use it; a holder's renewal shortens it to
+  -- three leases (lease.lua).
+  redis.call('PEXPIRE', KEYS[1], 600000)
 end
 if ARGV[1] ~= '' then
   redis.call('PUBLISH', ARGV[1], ARGV[2])

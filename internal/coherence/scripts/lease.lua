@@ -11,6 +11,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 redis.call('HSETNX', KEYS[1], '~since', now)
 redis.call('HSET', KEYS[1], ARGV[1], now + lease)
+-- Renewed every quarter lease while a holder lives; gone three leases after
+-- the last one stopped (a registry found missing is waited out as lost).
+redis.call('PEXPIRE', KEYS[1], lease * 3)
 -- Forget holders whose lease ended a lease ago (a process that died without
 -- Close): the registry stays as small as the number of live processes.
 local all = redis.call('HGETALL', KEYS[1])
