@@ -1012,3 +1012,29 @@ func TestGetOrLoadManyRefreshPanic(t *testing.T) {
 		assert.NotZero(t, raw[1]&record.FlagThrottled, "%q: the old value is kept for the throttle", k)
 	}
 }
+
+// TestGetOrLoadManyCallOptions: ForceRefresh and NoStale apply to batches
+// as to GetOrLoad (they were ignored).
+func TestGetOrLoadManyCallOptions(t *testing.T) {
+	rdb, p := setup(t)
+	c := New[product](rdb, WithTTL(100*time.Millisecond), WithStale(time.Hour), WithoutJitter(), WithoutNearCache())
+	keys := names(p, 2)
+	src := &source{}
+	_, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
+	require.NoError(t, err)
+	require.Len(t, src.callKeys(), 1)
+
+	_, err = c.GetOrLoadMany(t.Context(), keys, src.loadMany, ForceRefresh())
+	require.NoError(t, err)
+	require.Len(t, src.callKeys(), 2, "ForceRefresh loads cached keys anew")
+	assert.ElementsMatch(t, keys, src.callKeys()[1])
+
+	time.Sleep(150 * time.Millisecond) // past the TTL: stale, still served under WithStale
+	var info ResultInfo
+	_, err = c.GetOrLoadMany(WithResultInfo(t.Context(), &info), keys, src.loadMany, NoStale())
+	require.NoError(t, err)
+	assert.False(t, info.Stale, "NoStale: no stale value returned")
+	calls := src.callKeys()
+	require.GreaterOrEqual(t, len(calls), 3, "NoStale loads the stale keys")
+	assert.ElementsMatch(t, keys, calls[2])
+}
