@@ -107,6 +107,9 @@ type Event struct {
 }
 
 func (c *config) emit(kind EventKind, key string, d time.Duration, err error) {
+	if c.counts != nil {
+		c.counts.count(kind, err)
+	}
 	if c.observer != nil {
 		c.observe(Event{Kind: kind, Key: key, Duration: d, Err: err})
 	}

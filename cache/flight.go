@@ -49,7 +49,7 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return zero, err
 	}
-	if load != nil && !o.force && !o.noStale {
+	if load != nil && !o.force && !o.noStale && !o.skipNear {
 		if v, ok := c.nearGet(key); ok {
 			return v, nil
 		}

@@ -253,8 +253,11 @@ func (c *Cache[V]) nearGet(key string) (V, bool) {
 		return zero, false
 	}
 	v, ok := c.near.get(c, key)
-	if ok && c.cfg.observer != nil { // the full key, as every event: built only when someone listens
-		c.cfg.emit(EventNearHit, c.cfg.prefix+key, 0, nil)
+	if ok {
+		c.cfg.counts.count(EventNearHit, nil)
+		if c.cfg.observer != nil { // the full key, as every event: built only when someone listens
+			c.cfg.observe(Event{Kind: EventNearHit, Key: c.cfg.prefix + key})
+		}
 	}
 	return v, ok
 }

@@ -48,6 +48,7 @@ const (
 type Option func(*config)
 
 type config struct {
+	counts      *counters // what Stats reports; shared by the copies a Cache's machinery keeps
 	prefix      string
 	ttl         time.Duration
 	notFoundTTL time.Duration
@@ -78,6 +79,7 @@ type config struct {
 
 func newConfig(opts []Option) config {
 	c := config{
+		counts:      &counters{},
 		ttl:         DefaultTTL,
 		notFoundTTL: DefaultNotFoundTTL,
 		lockTTL:     DefaultLockTTL,
@@ -460,9 +462,10 @@ type CallOption func(*callOptions)
 // callOptions is what a call's options said; the zero value is the Cache's
 // behaviour.
 type callOptions struct {
-	ttl     ttlChoice // unset: the Cache's (see WithTTL)
-	force   bool      // load anew even if a value is cached
-	noStale bool      // a value past its TTL is a miss for this call
+	ttl      ttlChoice // unset: the Cache's (see WithTTL)
+	force    bool      // load anew even if a value is cached
+	noStale  bool      // a value past its TTL is a miss for this call
+	skipNear bool      // read Redis even when the value is in memory
 }
 
 // TTL makes the value this call stores live for d (before jitter) instead
@@ -504,3 +507,12 @@ func parseCall(opts []CallOption) callOptions {
 	}
 	return o
 }
+
+// SkipNear makes one call of [Cache.Get] or [Cache.GetOrLoad] read Redis
+// even when the value is in this process's near cache: for a read that
+// wants the shared copy (after a payment, say), as go-redis/cache's
+// SkipLocalCache. The near cache's promise makes it rarely needed: a value
+// in memory is never older than a write that returned before the read
+// began. What the call reads is kept in memory as any read. GetOrLoadMany
+// and Set ignore it.
+func SkipNear() CallOption { return func(o *callOptions) { o.skipNear = true } }

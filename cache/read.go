@@ -17,8 +17,10 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return zero, err
 	}
-	if v, ok := c.nearGet(key); ok { // the near cache keeps only values within their TTL
-		return v, nil
+	if !o.skipNear {
+		if v, ok := c.nearGet(key); ok { // the near cache keeps only values within their TTL
+			return v, nil
+		}
 	}
 	key, err := c.key(key)
 	if err != nil {

@@ -1,0 +1,69 @@
+// stats_test.go: Stats counts what the Cache did, and SkipNear reads past
+// memory.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestStatsAndSkipNear(t *testing.T) {
+	_, p := setup(t)
+	c, _, _ := newNearCache(t, p)
+	src := &counter{}
+	for range 10 {
+		_, err := c.GetOrLoad(t.Context(), "k", src.load)
+		require.NoError(t, err)
+	}
+	s := c.Stats()
+	assert.Equal(t, int64(1), s.Loads, "Loads")
+	assert.Equal(t, int64(1), s.Misses, "Misses")
+	assert.GreaterOrEqual(t, s.NearHits, int64(8), "NearHits")
+	assert.Equal(t, int64(10), s.NearHits+s.RedisHits+s.Misses, "every read is a near hit, a Redis hit or a miss")
+	assert.Equal(t, int64(1), s.NearEntries, "NearEntries")
+	assert.Positive(t, s.NearBytes, "NearBytes")
+	assert.False(t, s.BreakerOpen)
+
+	// SkipNear: the value is in memory, yet the call reads Redis.
+	_, err := c.GetOrLoad(t.Context(), "k", src.load, SkipNear())
+	require.NoError(t, err)
+	_, err = c.Get(t.Context(), "k", SkipNear())
+	require.NoError(t, err)
+	after := c.Stats()
+	assert.Equal(t, s.NearHits, after.NearHits, "SkipNear served from memory")
+	assert.Equal(t, s.RedisHits+1, after.RedisHits, "GetOrLoad with SkipNear read Redis")
+
+	// A failed load counts as one; a not-found does not.
+	boom := errors.New("boom")
+	_, err = c.GetOrLoad(t.Context(), "bad", func(context.Context) (product, error) { return product{}, boom })
+	require.ErrorIs(t, err, boom)
+	_, err = c.GetOrLoad(t.Context(), "absent", func(context.Context) (product, error) { return product{}, ErrNotFound })
+	require.ErrorIs(t, err, ErrNotFound)
+	final := c.Stats()
+	assert.Equal(t, after.Loads+2, final.Loads)
+	assert.Equal(t, after.LoadErrors+1, final.LoadErrors)
+}
+
+// BenchmarkStatsCount is what Stats adds to a near hit: one striped atomic
+// add, from every core at once.
+func BenchmarkStatsCount(b *testing.B) {
+	var s counters
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s.count(EventNearHit, nil)
+		}
+	})
+}
+
+func BenchmarkStatsCountSerial(b *testing.B) {
+	var s counters
+	for b.Loop() {
+		s.count(EventNearHit, nil)
+	}
+}
