@@ -27,7 +27,7 @@ type Stats struct {
 	LoadsVoided int64 // loaded values a Delete or Set kept out of Redis (EventLoadVoided)
 	BreakerOpen bool  // the circuit breaker keeps calls off Redis now
 	NearEntries int64 // values in the near cache now (an estimate)
-	NearBytes   int64 // their weight against the near cache's budget
+	NearBytes   int64 // their weight against the near cache's budget (updated in batches)
 }
 
 const (
