@@ -230,3 +230,18 @@ func (c *Cache[V]) Stats() Stats {
 	}
 	return s
 }
+
+// Expire makes the value at key expire now, in every process, as
+// FusionCache's Expire: the next read loads it anew. Under [WithStale] the
+// old value stays as the fallback: a read waits for the reload (up to the
+// load timeout) and gets the old value, marked stale, only if the reload
+// fails, which is then retried after the stale throttle; without
+// WithStale, Expire is [Cache.Delete]. A write of key between Expire's read
+// and its rewrite wins (it is newer than the expiry). Like Delete, it voids
+// a load in flight and returns once every near cache dropped the value.
+// Errors: [ErrEmptyKey], [ErrReservedKey], a Redis error wrapped as
+// "cache: redis: ...". GetOrLoadMany reloads expired values as GetOrLoad
+// does.
+func (c *Cache[V]) Expire(ctx context.Context, key string) error {
+	return c.expire(ctx, key)
+}

@@ -34,6 +34,7 @@ type result[V any] struct {
 	fresh     record.Freshness // what the record says of its age (zero: nothing)
 	head      []byte           // the record up to the payload: which write it is
 	throttled bool             // a stale value kept after a failed refresh
+	expired   bool             // expired by hand (Expire): reloaded, kept as the fallback
 	stale     bool             // served past its TTL
 	// at is when the Redis call that vouches for this result was sent: the
 	// read that found it, the commit that stored it, or for a load whose lock
@@ -434,6 +435,7 @@ func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
 	}
 	r.fresh, _ = record.ReadFreshness(b)
 	r.throttled = b[1]&record.FlagThrottled != 0
+	r.expired = b[1]&record.FlagExpired != 0
 	r.head = b[:len(b)-len(payload)]
 	return r
 }

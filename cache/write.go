@@ -7,15 +7,22 @@ package cache
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/record"
 )
 
 var (
 	//go:embed scripts/set.lua
 	setLua    string
 	setScript = redis.NewScript(setLua)
+
+	//go:embed scripts/expire.lua
+	expireLua    string
+	expireScript = redis.NewScript(expireLua)
 )
 
 // set is Set with its options read.
@@ -131,4 +138,37 @@ func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome fu
 			return fmt.Errorf("cache: redis: %w", err)
 		}
 	}
+}
+
+// expire is Expire.
+func (c *Cache[V]) expire(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return err
+	}
+	full, err := c.key(key)
+	if err != nil {
+		return err
+	}
+	if c.cfg.stale <= 0 {
+		return c.delete(ctx, []string{key})
+	}
+	b, err := c.rdb.Get(ctx, full).Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil
+	case err != nil:
+		c.redisCall(full, err)
+		return fmt.Errorf("cache: redis: %w", err)
+	}
+	flags, payload, err := record.Decode(b)
+	f, fresh := record.ReadFreshness(b)
+	if err != nil || flags&record.FlagNotFound != 0 || !fresh {
+		return c.delete(ctx, []string{key}) // nothing to fall back on
+	}
+	expired := record.EncodeFresh(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load}, payload)
+	defer c.group.Forget(full) // later callers must not join a flight that began before
+	keys, args := []string{full, LockKey(full)}, []any{b, expired, c.notify.Channel(full)}
+	return c.writeConfirmed(ctx, []string{full}, func(err error) errClass { return c.redisCall(full, err) },
+		func(p redis.Pipeliner) { p.Eval(ctx, expireLua, keys, args...) },
+		func() error { return expireScript.Run(ctx, c.rdb, keys, args...).Err() })
 }

@@ -43,8 +43,13 @@ const (
 	// refresh: its expiry is the end of the throttle, before which nobody
 	// retries.
 	FlagThrottled byte = 1 << 5
-	HeaderLen          = 3  // bytes before the metadata
-	FreshnessLen       = 12 // bytes of Freshness metadata
+	// FlagExpired (optional) marks a value expired by hand (Cache.Expire):
+	// reloaded by its next read, and kept only as the fallback of a failed
+	// load. Readers that do not know it see a stale value (its expiry is
+	// when it was expired).
+	FlagExpired  byte = 1 << 6
+	HeaderLen         = 3  // bytes before the metadata
+	FreshnessLen      = 12 // bytes of Freshness metadata
 )
 
 const (

@@ -1,0 +1,63 @@
+// expire_test.go: Expire makes the next read load anew, in any process;
+// under WithStale the old value is the fallback of a failed load.
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestExpire(t *testing.T) {
+	for _, stale := range []bool{false, true} {
+		name := map[bool]string{false: "without stale", true: "with stale"}[stale]
+		t.Run(name, func(t *testing.T) {
+			_, p := setup(t)
+			opts := []Option{WithTTL(time.Hour)}
+			if stale {
+				opts = append(opts, WithStale(time.Hour))
+			}
+			reader, _, _ := newNearCache(t, p, opts...) // another process, with the value in memory
+			writer, _, _ := newNearCache(t, p, opts...)
+			var version atomic.Int64
+			load := func(context.Context) (product, error) {
+				return product{ID: "v", Price: int(version.Add(1))}, nil
+			}
+			for range 3 {
+				v, err := reader.GetOrLoad(t.Context(), "k", load)
+				require.NoError(t, err)
+				require.Equal(t, 1, v.Price)
+			}
+			require.NoError(t, writer.Expire(t.Context(), "k"))
+			var info ResultInfo
+			v, err := reader.GetOrLoad(WithResultInfo(t.Context(), &info), "k", load)
+			require.NoError(t, err)
+			assert.Equal(t, 2, v.Price, "the read after Expire returned must load anew")
+			assert.False(t, info.Stale)
+
+			require.NoError(t, writer.Expire(t.Context(), "k"))
+			boom := errors.New("database down")
+			info = ResultInfo{}
+			v, err = reader.GetOrLoad(WithResultInfo(t.Context(), &info), "k", func(context.Context) (product, error) { return product{}, boom })
+			if !stale {
+				assert.ErrorIs(t, err, boom, "without WithStale nothing is left to fall back on")
+				return
+			}
+			require.NoError(t, err, "under WithStale the old value is the fallback")
+			assert.Equal(t, 2, v.Price)
+			assert.True(t, info.Stale, "the fallback is marked stale")
+		})
+	}
+	t.Run("absent key and bad keys", func(t *testing.T) {
+		_, p := setup(t)
+		c, _, _ := newNearCache(t, p, WithStale(time.Minute))
+		assert.NoError(t, c.Expire(t.Context(), "absent"))
+		assert.ErrorIs(t, c.Expire(t.Context(), ""), ErrEmptyKey)
+	})
+}
