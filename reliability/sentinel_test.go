@@ -431,7 +431,7 @@ func TestSentinelFailoverDuringWaits(t *testing.T) {
 	resubscribed := time.Since(switched)
 	subs := notifyChannels(t, to)
 	for _, k := range keys { // the last round's
-		ch := "{" + slots.Tag(slots.Of(k)) + "}:stampede:notify" // as cache/notify.go names it
+		ch := "{" + slots.Tag(slots.Of(k)) + "}:stampede:notify" // as internal/notify names it
 		if n := subs[ch]; n != int64(len(waiters)) {
 			t.Errorf("subscribers of %s on the new master = %d; want %d, one per waiting process", ch, n, len(waiters))
 		}
