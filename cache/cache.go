@@ -167,10 +167,15 @@ func (c *Cache[V]) Get(ctx context.Context, key string, opts ...CallOption) (V, 
 }
 
 // Set stores v at key for the TTL (with jitter), or for the [TTL] in opts,
-// as GetOrLoad would after a load: call it after writing the source, when the new value is at hand. It
-// wins over a load in flight in any process: the load's lock is voided, so
-// the older value it loaded is never stored over v, and callers that begin
-// after Set returns get v (or newer). Waiters on the key are woken. Errors:
+// as GetOrLoad would after a load: call it after writing the source, when
+// the new value is at hand. It wins over a load in flight in any process:
+// the load's lock is voided, so the older value it loaded is never stored
+// over v, and callers that begin after Set returns get v (or newer), from
+// Redis or any near cache. Waiters on the key are woken. With near caches
+// it returns once the others acknowledged it: a hop to each and back, up to
+// one lease (1s) for a process frozen or cut off, about one lease in the
+// first second of a prefix's registry, about a quarter lease for the first
+// write of a new process (see docs/GUARANTEES.md). Errors:
 // [ErrEmptyKey], [ErrReservedKey]; an encoding error (nothing is written);
 // a Redis error wrapped as "cache: redis: ...". Transient cluster errors
 // are retried within the retry budget. A ctx already ended returns
@@ -185,9 +190,10 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption)
 // removed value or that load's. Keys may be in different cluster slots; on a
 // cluster, Delete sends single-key commands (each lock before its value), so
 // it also succeeds while a slot migrates. Transient cluster errors are
-// retried within the retry budget. A ctx already ended returns ctx.Err()
-// at once, deleting nothing. Errors: [ErrEmptyKey], [ErrReservedKey],
-// or a Redis error wrapped as "cache: redis: ...".
+// retried within the retry budget. With near caches it waits for their
+// acknowledgements as [Cache.Set] does. A ctx already ended returns
+// ctx.Err() at once, deleting nothing. Errors: [ErrEmptyKey],
+// [ErrReservedKey], or a Redis error wrapped as "cache: redis: ...".
 func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 	return c.delete(ctx, keys)
 }
