@@ -490,3 +490,39 @@ func TestNearEventsCarryTheFullKey(t *testing.T) {
 		}
 	}
 }
+
+// TestNearCacheDropsMemoryWhenItsConnectionIsReset: the reader's tracking
+// connection is reset right before another process's write; the write's
+// invalidation is lost with it. A read that begins after the write
+// returned must not get the old value from memory, which only dropping
+// memory on the loss and on the resubscription guarantees (the writer's
+// marker may reach the new connection and be acknowledged).
+func TestNearCacheDropsMemoryWhenItsConnectionIsReset(t *testing.T) {
+	_, p := setup(t)
+	reader, _, _ := newNearCache(t, p)
+	writer, _, _ := newNearCache(t, p)
+	direct := redistest.Client(t, redistest.Addr(t))
+	ctx := t.Context()
+	stale := 0
+	for round := range 10 {
+		want := fmt.Sprintf("v%d", round)
+		require.NoError(t, writer.Set(ctx, "k", product{ID: want}))
+		require.True(t, eventually(func() bool {
+			v, err := reader.GetOrLoad(ctx, "k", (&counter{}).load)
+			require.NoError(t, err)
+			return v.ID == want && nearHas(reader, "k")
+		}), "round %d: the reader never kept the value", round)
+		require.True(t, eventually(func() bool { return nearReady(reader) }))
+		require.NoError(t, direct.ClientKillByFilter(ctx, "ID", strconv.FormatInt(trackingClientID(t, reader), 10)).Err())
+		next := fmt.Sprintf("v%d-new", round)
+		require.NoError(t, writer.Set(ctx, "k", product{ID: next}))
+		for range 20 { // reads that began after the Set returned
+			v, err := reader.GetOrLoad(ctx, "k", (&counter{}).load)
+			require.NoError(t, err)
+			if v.ID != next {
+				stale++
+			}
+		}
+	}
+	assert.Zero(t, stale, "reads after a Set returned that got the older value from memory")
+}
