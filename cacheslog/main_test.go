@@ -8,7 +8,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/stampede-go/stampede/internal/leaktest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -17,13 +16,5 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	code := m.Run()
-	redistest.Stop()
-	if code == 0 {
-		if err := leaktest.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(redistest.Finish(m.Run()))
 }

@@ -3,22 +3,12 @@
 package coherence
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
-	"github.com/stampede-go/stampede/internal/leaktest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	redistest.Stop()
-	if code == 0 {
-		if err := leaktest.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(redistest.Finish(m.Run()))
 }

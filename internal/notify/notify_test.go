@@ -4,7 +4,6 @@ package notify
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -12,22 +11,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/leaktest"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	redistest.Stop()
-	if code == 0 {
-		if err := leaktest.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(redistest.Finish(m.Run()))
 }
 
 // backoff is the waits' duration in these tests: a wait that returns well

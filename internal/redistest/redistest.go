@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/stampede-go/stampede/internal/leaktest"
 	mrand "math/rand/v2"
 	"net"
 	"os"
@@ -434,4 +435,18 @@ func DeadAddr(tb testing.TB) string {
 		_ = server.Close()
 	})
 	return client.LocalAddr().String()
+}
+
+// Finish ends a test binary's run of code (m.Run's): it stops the servers
+// the tests started and, when they passed, fails the run on goroutines they
+// leaked. It returns the exit code.
+func Finish(code int) int {
+	Stop()
+	if code == 0 {
+		if err := leaktest.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			return 1
+		}
+	}
+	return code
 }
