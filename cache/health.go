@@ -163,13 +163,17 @@ func ping(ctx context.Context, rdb redis.UniversalClient) error {
 	return nil
 }
 
+// unsupported holds the addresses of servers found without client-side
+// caching, said once per process.
+var unsupported sync.Map
+
 // nearRefused reports that a near cache cannot serve because Redis refused
 // a command it needs (its tracker reports that once until it serves): for
-// a server without client-side caching, which every Cache on the client
-// meets alike, once per client and as a warning, not an error.
+// a server without client-side caching, which every Cache on every client
+// of it meets alike, once per process and server, as a warning.
 func (h *health) nearRefused(prefix string, err error) {
 	if rediserr.IsUnknownCommand(err) {
-		if _, seen := h.refusals.LoadOrStore("", true); !seen {
+		if _, seen := unsupported.LoadOrStore(h.addr, true); !seen {
 			h.log(slog.LevelWarn, "cache: near cache off: this Redis server has no client-side caching (CLIENT TRACKING, Redis 6.0 or later); reads go to Redis",
 				"redis", h.addr, "err", err)
 		}
