@@ -490,11 +490,14 @@ func (b *batch[V]) giveUp(ctx context.Context, err error) {
 func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 	classes := make([]errClass, len(errs))
 	outage := len(errs) > 0
-	var first error
+	var first, full error
 	for i, err := range errs {
 		classes[i] = c.classify(err)
 		if classes[i] != errOutage {
 			outage = false
+		}
+		if classes[i] == errFull && full == nil {
+			full = err
 		}
 		if classes[i] != errNone {
 			c.cfg.emit(EventRedisError, keys[i], 0, err)
@@ -504,8 +507,11 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 		}
 	}
 	class := errNone
-	if outage {
+	switch {
+	case outage:
 		class = errOutage
+	case full != nil: // Redis is up but out of memory: health reports it once
+		class, first = errFull, full
 	}
 	if len(keys) > 0 {
 		c.brk.record(keys[0], class, first)

@@ -61,3 +61,40 @@ func TestExpire(t *testing.T) {
 		assert.ErrorIs(t, c.Expire(t.Context(), ""), ErrEmptyKey)
 	})
 }
+
+// TestExpireWaitsForAnotherProcesssReload: after Expire, a reader in a
+// second process while the first reloads waits for that reload instead of
+// getting the old value; foreign bytes at the key do not panic.
+func TestExpireWaitsForAnotherProcesssReload(t *testing.T) {
+	rdb, p := setup(t)
+	a, _, _ := newNearCache(t, p, WithStale(time.Hour))
+	b, _, _ := newNearCache(t, p, WithStale(time.Hour))
+	first := func(context.Context) (product, error) { return product{ID: "v", Price: 1}, nil }
+	_, err := a.GetOrLoad(t.Context(), "k", first)
+	require.NoError(t, err)
+	require.NoError(t, b.Expire(t.Context(), "k"))
+
+	loading := make(chan struct{})
+	done := make(chan product, 1)
+	go func() {
+		v, _ := a.GetOrLoad(context.Background(), "k", func(context.Context) (product, error) {
+			close(loading)
+			time.Sleep(300 * time.Millisecond)
+			return product{ID: "v", Price: 2}, nil
+		})
+		done <- v
+	}()
+	<-loading
+	var info ResultInfo
+	v, err := b.GetOrLoad(WithResultInfo(t.Context(), &info), "k", first)
+	require.NoError(t, err)
+	assert.Equal(t, 2, v.Price, "a reader while another process reloads must wait for the reload")
+	assert.False(t, info.Stale)
+	assert.Equal(t, 2, (<-done).Price)
+
+	for _, foreign := range []string{"", "x", "\x01\x10\x0c"} {
+		require.NoError(t, rdb.Set(t.Context(), p+"foreign", foreign, 0).Err())
+		assert.NotPanics(t, func() { assert.NoError(t, b.Expire(t.Context(), "foreign")) })
+		assert.Zero(t, rdb.Exists(t.Context(), p+"foreign").Val(), "unreadable bytes: Expire deletes them")
+	}
+}

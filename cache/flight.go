@@ -257,17 +257,22 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, c.brk.err(), load, o)
 	}
 	b, err := c.redisio.Get(ctx, key)
-	var skip []byte // bytes at key we could not decode, or must reload: a miss, to be replaced
+	var skip []byte     // bytes at key we could not decode, or must reload: a miss, to be replaced
+	var fallback []byte // the payload of a value expired by hand, if the load fails
 	switch c.readReply(key, err) {
 	case readHit:
 		if o.force { // what is there now is to be replaced; a value committed after it is not
 			skip = b
 			break
 		}
-		if r := c.found(ctx, key, load, o, c.decode(key, b, at)); r != nil {
-			return r, nil
+		r := c.decode(key, b, at)
+		if f := c.found(ctx, key, load, o, r); f != nil {
+			return f, nil
 		}
 		skip = b
+		if r != nil && r.expired && c.cfg.stale > 0 { // Expire: reloaded, the old value its fallback
+			fallback = r.data
+		}
 	case readMiss:
 	case readFatal:
 		return nil, fmt.Errorf("cache: redis: %w", err)
@@ -279,7 +284,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	// shared one of the GET may be nearly spent.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 	defer cancel()
-	return c.readOrLock(ctx, key, load, o, skip)
+	return c.readOrLock(ctx, key, load, o, skip, fallback)
 }
 
 // readVerdict is what a read's reply (its error) means for the miss path.
@@ -314,7 +319,7 @@ func verdictOf(class errClass, err error) readVerdict {
 // readOrLock runs read-or-lock until it finds a value or takes the lock,
 // waiting for the holder's commit between attempts, at most the retry
 // budget; skip is bytes at key that do not count as a value.
-func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, skip []byte) (*result[V], error) {
+func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, skip, fallback []byte) (*result[V], error) {
 	lk := newLoadLock(key)
 	var w waiter
 	for attempt := 1; ; attempt++ {
@@ -331,7 +336,7 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 				skip = b
 			} else if res[1].(int64) == 1 {
 				c.waited(key, w.start, nil)
-				return c.loadHeld(ctx, loadKey{key: key, name: key, lk: lk, locked: at}, load, o)
+				return c.loadHeld(ctx, loadKey{key: key, name: key, lk: lk, locked: at, fallback: fallback}, load, o)
 			} else if w.start.IsZero() {
 				w.start = time.Now()
 				c.cfg.emit(EventLockContended, key, 0, nil)
@@ -455,9 +460,15 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 	return r
 }
 
-// loadHeld loads k, whose lock the flight holds, and commits it.
+// loadHeld loads k, whose lock the flight holds, and commits it. A load
+// that fails with a fallback (a value expired by hand) answers with the
+// fallback, stale, kept for the throttle (see endOf).
 func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
 	rs, errs := c.loadFor(ctx, []loadKey{k}, loadOne(load), o.ttl)
+	if errs[0] != nil && k.fallback != nil && k.lk != nil {
+		c.cfg.emit(EventStaleServed, k.key, 0, ErrRefreshFailed)
+		return &result[V]{data: k.fallback, stale: true, at: k.locked}, nil
+	}
 	return rs[0], errs[0]
 }
 

@@ -488,15 +488,16 @@ func TTL(d time.Duration) CallOption {
 // that callers forcing the same key in any number of processes load it
 // once: a caller that finds the lock held waits for that load and returns
 // its value, which began after the value it found. It never joins an
-// in-process flight that began before it. GetOrLoadMany, Get and Set
-// ignore it.
+// in-process flight that began before it. [Cache.GetOrLoadMany] loads
+// every key anew the same way; Get and Set ignore it.
 func ForceRefresh() CallOption { return func(o *callOptions) { o.force = true } }
 
 // NoStale makes one call treat a value past its TTL as missing even under
 // [WithStale]: [Cache.GetOrLoad] loads it (under the load lock, as a miss)
 // instead of serving it, and [Cache.Get] returns [ErrCacheMiss]. For a
 // caller that needs a value within its TTL, such as a read before a
-// write. GetOrLoadMany and Set ignore it.
+// write. [Cache.GetOrLoadMany] treats such values as misses too; Set
+// ignores it.
 func NoStale() CallOption { return func(o *callOptions) { o.noStale = true } }
 
 // parseCall applies opts to the Cache's behaviour.

@@ -45,11 +45,6 @@ func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[
 	soft := c.cfg.softTimeout
 	wait := false
 	for _, d := range ds {
-		if d.old.expired && started[d.key] { // Expire: the next read loads anew
-			soft = c.cfg.loadTimeout
-		}
-	}
-	for _, d := range ds {
 		wait = wait || d.old.stale && started[d.key] && soft > 0
 	}
 	var got map[string]*result[V]

@@ -147,12 +147,8 @@ func (c *Cache[V]) judge(key string, r *result[V], noStale bool) (hit *result[V]
 	if r == nil || r.err != nil {
 		return r, false
 	}
-	if r.expired { // its refresh is waited for (see refreshDue); it is only the fallback
-		if noStale {
-			return nil, false
-		}
-		r.stale = true
-		return r, true
+	if r.expired { // expired by hand (Expire): a miss, whatever the clocks say
+		return nil, false
 	}
 	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
 	case ageFresh:

@@ -7,7 +7,6 @@ package cache
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"time"
 
@@ -152,18 +151,24 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	if c.cfg.stale <= 0 {
 		return c.delete(ctx, []string{key})
 	}
-	b, err := c.rdb.Get(ctx, full).Bytes()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return nil
-	case err != nil:
-		c.redisCall(full, err)
+	if !c.brk.allow() {
+		return c.brk.err()
+	}
+	b, err := c.redisio.Get(ctx, full) // from the master, as every read of the miss path
+	switch c.readReply(full, err) {
+	case readHit:
+	case readMiss:
+		return nil // nothing there
+	default:
 		return fmt.Errorf("cache: redis: %w", err)
 	}
 	flags, payload, err := record.Decode(b)
-	f, fresh := record.ReadFreshness(b)
-	if err != nil || flags&record.FlagNotFound != 0 || !fresh {
+	if err != nil || flags&record.FlagNotFound != 0 {
 		return c.delete(ctx, []string{key}) // nothing to fall back on
+	}
+	f, fresh := record.ReadFreshness(b)
+	if !fresh {
+		return c.delete(ctx, []string{key})
 	}
 	expired := record.EncodeFresh(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load}, payload)
 	defer c.group.Forget(full) // later callers must not join a flight that began before
