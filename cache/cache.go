@@ -215,6 +215,7 @@ func (c *Cache[V]) Close() error {
 	if c.near != nil {
 		c.near.close()
 	}
+	c.closeWriter()
 	return nil
 }
 

@@ -9,6 +9,7 @@ package cache
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -46,6 +47,7 @@ type nearConfig struct {
 	lease     time.Duration // see WithNearLease; set by validate when not given
 	leaseSet  bool
 	shared    bool
+	writer    *nearWriter // WithoutNearCache: confirms the writes; set by validate
 }
 
 // on reports whether the Cache keeps a near cache.
@@ -54,14 +56,19 @@ func (n *nearConfig) on() bool { return !n.off }
 // validate checks the near-cache options and fills in the defaults.
 func (n *nearConfig) validate() error {
 	switch {
+	case n.leaseSet && n.lease < 40*time.Millisecond:
+		return fmt.Errorf("cache: WithNearLease(%v): a lease shorter than 40ms cannot be renewed reliably", n.lease)
+	case !n.leaseSet:
+		n.lease = defaultNearLease
+	}
+	switch {
 	case !n.on():
+		n.writer = &nearWriter{} // its writes still wait for the others' near caches
 		return nil
 	case n.set && n.maxBytes <= 0:
 		return fmt.Errorf("cache: WithNearCache(%d): maxBytes must be positive", n.maxBytes)
 	case n.maxAgeSet && n.maxAge <= 0:
 		return fmt.Errorf("cache: WithNearMaxAge(%v): duration must be positive", n.maxAge)
-	case n.leaseSet && n.lease < 40*time.Millisecond:
-		return fmt.Errorf("cache: WithNearLease(%v): a lease shorter than 40ms cannot be renewed reliably", n.lease)
 	}
 	if !n.set {
 		n.maxBytes = defaultNearBytes
@@ -69,10 +76,56 @@ func (n *nearConfig) validate() error {
 	if !n.maxAgeSet {
 		n.maxAge = defaultNearMaxAge
 	}
-	if !n.leaseSet {
-		n.lease = defaultNearLease
-	}
 	return nil
+}
+
+// nearWriter confirms the writes of a Cache without a near cache with the
+// near caches of other processes, as a near cache confirms its own: without
+// it, a reader's memory could serve the old value for a network delay after
+// Set or Delete returned. Its tracker (coherence.NewWriter) holds no lease
+// and keeps no memory; it is made at the Cache's first write, and
+// subscribes to acknowledgements only once a write has holders to wait for.
+type nearWriter struct {
+	once  sync.Once
+	track *coherence.Tracker // nil: a client the near cache does not support, whose writes are not confirmed
+}
+
+// writeTracker returns the tracker that confirms c's writes: its near
+// cache's, or the writer's of a Cache made WithoutNearCache, or nil on a
+// client the near cache does not support.
+func (c *Cache[V]) writeTracker() *coherence.Tracker {
+	if c.near != nil {
+		return c.near.track
+	}
+	w := c.cfg.near.writer
+	if w == nil {
+		return nil // the near cache is off because the client is not supported
+	}
+	w.once.Do(func() {
+		if !nearSupported(c.rdb) {
+			return
+		}
+		cfg := c.cfg // not c: the tracker must not keep its Cache alive
+		w.track = coherence.NewWriter(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
+			OnLapse: func(holder string) { cfg.emit(EventNearLeaseWait, holder, 0, nil) },
+		})
+		// Closed by Cache.Close (closeWriter), or when c is collected.
+		runtime.AddCleanup(c, func(t *coherence.Tracker) { go t.Close() }, w.track)
+	})
+	return w.track
+}
+
+// closeWriter ends the writer's tracker of a Cache made WithoutNearCache,
+// if a write made one; after it, a write makes none.
+func (c *Cache[V]) closeWriter() {
+	w := c.cfg.near.writer
+	if w == nil {
+		return
+	}
+	w.once.Do(func() {}) // a write racing with Close makes its tracker first, or never
+	if w.track != nil {
+		w.track.Close()
+	}
 }
 
 // nearEntry is one value in memory.

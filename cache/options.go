@@ -366,11 +366,16 @@ func WithNearCache(maxBytes int64) Option {
 }
 
 // WithoutNearCache turns the near cache off: every read goes to Redis, and
-// Delete and Set return once Redis has applied them, without waiting for
-// near caches. Turn it off in every process of a prefix or in none: the
-// writes of a process without it do not wait for the near caches of the
-// others, which may then serve the old value for a network delay after the
-// write returned.
+// the Cache keeps nothing in memory and holds no lease, so no writer waits
+// for it. Its Delete and Set still wait for the near caches of the other
+// processes of the prefix, as a near-cached Cache's do (one process may
+// turn it off while the others keep it): on a prefix where none runs, that
+// costs the registry's reply (in the write's own round trip on a single
+// server, one more call on a cluster or a Ring); where some run, the first
+// write opens a subscription for their acknowledgements, kept ten leases
+// ([WithNearLease], whose value it assumes they share) after the last
+// write. On a client the near cache does not support, writes wait for
+// nothing.
 func WithoutNearCache() Option {
 	return func(c *config) { c.near.set, c.near.off = false, true }
 }
@@ -387,7 +392,8 @@ func WithNearMaxAge(d time.Duration) Option {
 // process may serve memory without proving it still receives invalidations,
 // and so the longest a write waits for a process that stopped answering
 // (frozen, partitioned, its connection killed). Renewed every quarter of it.
-// Default: 1s. It has no effect without the near cache.
+// Default: 1s. A Cache made WithoutNearCache uses it as the grace of a new
+// or lost registry when it confirms its writes.
 func WithNearLease(d time.Duration) Option {
 	return func(c *config) { c.near.lease, c.near.leaseSet = d, true }
 }

@@ -109,8 +109,9 @@ func delCmds(ctx context.Context, p redis.Pipeliner, keys []string) {
 }
 
 // writeConfirmed runs a write of keys (keys[0] names it in errors) within
-// the retry budget, outcome classifying its errors, and with a near cache
-// its confirmation (coherence.Tracker.Write): on a single server the
+// the retry budget, outcome classifying its errors, and, on a client the
+// near cache supports, with or without a near cache in this process, its
+// confirmation (coherence.Tracker.Write): on a single server the
 // write's commands (pipe) and the confirmation in one pipeline, elsewhere
 // the write (direct) and then the confirmation. Once the write is done,
 // this process's memory drops keys before the wait for the others.
@@ -118,8 +119,8 @@ func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome fu
 	for attempt := 1; ; attempt++ {
 		var wait func() error
 		var err error
-		if c.near != nil {
-			wait, err = c.near.track.Write(ctx, pipe, direct)
+		if t := c.writeTracker(); t != nil {
+			wait, err = t.Write(ctx, pipe, direct)
 		} else {
 			err = direct()
 		}

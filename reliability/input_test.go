@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stampede-go/stampede/lock"
 )
@@ -120,8 +121,12 @@ func TestLongKeyWithUnmatchedBrace(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { redistest.DeletePrefix(direct, prefix) })
-	// Without the near cache: the first write of a new prefix waits out one
-	// lease (a new lease registry), which is not what this test times.
+	// The first write of a new prefix waits out one lease (a new lease
+	// registry may have forgotten leases), which is not what this test
+	// times: the registry is made old first.
+	if err := direct.HSet(context.Background(), coherence.RegistryKey(prefix), "~since", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
 	c := cache.New[string](direct, cache.WithPrefix(prefix), cache.WithoutNearCache())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

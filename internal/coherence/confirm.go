@@ -27,6 +27,7 @@ type confirmation struct {
 	mu    sync.Mutex
 	acked map[string]bool // by holder id; protected by mu
 	ch    chan struct{}   // a new acknowledgement came
+	gen   uint64          // a writer without a near cache: its subscription's generation when the write began
 }
 
 // Write runs a write of keys under the tracker's prefix and announces it to
@@ -47,7 +48,8 @@ type confirmation struct {
 // for its own acknowledgement), then call wait. wait returns an error only
 // when the confirmation could not be asked for (Redis failed) or ctx ended
 // first; the write itself is done either way. A write that is retried
-// instead need not call wait.
+// instead need not call wait. A writer's tracker ([NewWriter]) waits the
+// same way.
 func (t *Tracker) Write(ctx context.Context, pipe func(redis.Pipeliner), direct func() error) (wait func() error, err error) {
 	if _, ok := t.rdb.(*redis.Client); ok {
 		wait, err = t.writeInline(ctx, pipe)
@@ -99,7 +101,7 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 // acknowledgement may come before the confirmation's reply); end forgets it.
 func (t *Tracker) begin() (seq, marker string, cf *confirmation) {
 	seq = strconv.FormatUint(t.seq.Add(1), 10)
-	cf = &confirmation{acked: map[string]bool{}, ch: make(chan struct{}, 1)}
+	cf = &confirmation{acked: map[string]bool{}, ch: make(chan struct{}, 1), gen: t.sub.gen.Load()}
 	t.pmu.Lock()
 	t.pending[seq] = cf
 	t.pmu.Unlock()
@@ -147,13 +149,21 @@ func (t *Tracker) publishMarker(ctx context.Context, marker string) error {
 
 // await waits for the acknowledgements of the holders that the
 // confirmation's reply (received at recv) lists, or their leases' ends,
-// asking again for lost acknowledgements (see asker).
+// asking again for lost acknowledgements (see asker). A writer without a
+// near cache listens for them from here on (see Tracker.listen), and asks
+// again as soon as its subscription is confirmed if it was not when the
+// write began.
 func (t *Tracker) await(ctx context.Context, cf *confirmation, marker string, reply []any, recv int64) error {
 	need, graceUntil, err := t.deadlines(reply, recv)
 	if err != nil {
 		return err
 	}
 	ask := &asker{t: t, marker: marker, next: recv + int64(t.lease/4)}
+	var heard <-chan struct{} // closed when acknowledgements sent before may have been lost
+	if t.writerOnly && len(need) > 0 {
+		heard = t.listen(cf.gen)
+		defer t.unlisten()
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -169,6 +179,9 @@ func (t *Tracker) await(ctx context.Context, cf *confirmation, marker string, re
 		timer.Reset(time.Duration(next - now))
 		select {
 		case <-cf.ch:
+		case <-heard:
+			heard = t.relisten()
+			go ask.publish(ctx)
 		case <-timer.C:
 		case <-ctx.Done():
 			return ctx.Err()
@@ -260,6 +273,12 @@ func (a *asker) step(ctx context.Context, now, next int64, waiting bool) int64 {
 // ask publishes the marker once, within a quarter lease.
 func (a *asker) ask(ctx context.Context) {
 	defer a.asking.Store(false)
+	a.publish(ctx)
+}
+
+// publish publishes the marker, within a quarter lease; a failure ends the
+// asking.
+func (a *asker) publish(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, a.t.lease/4)
 	defer cancel()
 	if a.t.publishMarker(ctx, a.marker) != nil {
@@ -293,7 +312,8 @@ func parseLeases(reply []any) (now, since int64, leases map[string]int64, err er
 
 // acked records an acknowledgement ("<holder>:<seq>") heard on this
 // tracker's acknowledgement channel, which its own tracking connections
-// subscribe: a holder's PUBLISH reaches it on a single server, through the
+// subscribe (a writer's tracker: its acknowledgement subscription, see
+// writer.go): a holder's PUBLISH reaches it on a single server, through the
 // bus on a cluster, and on the channel's shard on a Ring.
 func (t *Tracker) acked(payload string) {
 	holder, seq, ok := strings.Cut(payload, ":")

@@ -54,4 +54,16 @@
 // created within a lease (first use, or lost to a flush, an eviction or a
 // restart) may have forgotten leases that still run: a write then also waits
 // until one lease has passed since its creation.
+//
+// # Writers without a near cache
+//
+// A process that writes without a near cache ([NewWriter]) announces and
+// confirms its writes the same way, so that processes configured
+// differently keep the promise. It holds no lease (it serves nothing, so
+// no writer waits for it) and has no tracking connection; its
+// acknowledgements come on a subscription of its own, opened by the first
+// write that finds a holder to wait for (a write on a prefix nobody holds
+// costs only the registry's reply), kept while writes come and closed
+// some leases after the last. A write begun before that subscription was
+// confirmed publishes its marker again once it is.
 package coherence

@@ -46,7 +46,9 @@ type Hooks struct {
 
 // Tracker is the coherence side of one near cache: it tracks invalidations,
 // holds the process's coherence lease, acknowledges other writers' markers
-// and confirms this process's writes. It is safe for concurrent use.
+// and confirms this process's writes. A writer's tracker ([NewWriter])
+// only confirms writes, for a process without a near cache. It is safe for
+// concurrent use.
 type Tracker struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -83,6 +85,11 @@ type Tracker struct {
 	seq     atomic.Uint64 // this writer's writes
 	pmu     sync.Mutex    // protects pending
 	pending map[string]*confirmation
+
+	// A writer without a near cache (writer.go): no tracking connections,
+	// no lease; its acknowledgements come on a subscription of its own.
+	writerOnly bool
+	sub        ackSub
 }
 
 // New starts the tracker of a near cache of the keys under prefix on rdb (a
@@ -90,6 +97,18 @@ type Tracker struct {
 // lease of leaseLen. Memory may be served once [Tracker.Serving] says so.
 // Close ends its connections and goroutines.
 func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	t, ctx := newTracker(rdb, prefix, leaseLen, hooks)
+	t.renewNow, t.pongs, t.acks = make(chan struct{}, 1), make(chan struct{}, 1), make(chan string, 4096)
+	t.done.Add(3)
+	go t.watch(ctx)
+	go t.renewLoop(ctx)
+	go t.ackLoop(ctx)
+	return t
+}
+
+// newTracker makes a tracker that runs nothing yet, and the context that
+// Close ends.
+func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks Hooks) (*Tracker, context.Context) {
 	if hooks.OnDrop == nil {
 		hooks.OnDrop = func(string, bool) {}
 	}
@@ -103,21 +122,21 @@ func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks
 	t := &Tracker{
 		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), hooks: hooks, nodes: map[string]*node{}, stop: cancel,
 		id: token.NewToken(), registry: RegistryKey(prefix), markCh: markChannel(prefix), markKeys: MarkKeyPrefix(prefix),
-		lease: leaseLen, renewNow: make(chan struct{}, 1), pongs: make(chan struct{}, 1),
-		marks: map[string]*markSeen{}, acks: make(chan string, 4096), pending: map[string]*confirmation{},
+		lease: leaseLen, marks: map[string]*markSeen{}, pending: map[string]*confirmation{},
 	}
 	t.ackCh = ackChannel(prefix, t.id)
-	t.done.Add(3)
-	go t.watch(ctx)
-	go t.renewLoop(ctx)
-	go t.ackLoop(ctx)
-	return t
+	return t, ctx
 }
 
 // Close stops serving memory, closes every tracking connection, waits for
 // the tracker's goroutines, and gives the lease back, so that writers do
-// not wait for a process that no longer serves memory.
+// not wait for a process that no longer serves memory. A writer's tracker
+// closes its acknowledgement subscription.
 func (t *Tracker) Close() {
+	if t.writerOnly {
+		t.closeWriter()
+		return
+	}
 	t.ready.Store(false) // nothing served from here on, before the lease is given back
 	t.leaseUntil.Store(0)
 	t.stop()

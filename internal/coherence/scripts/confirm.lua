@@ -17,9 +17,6 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- one that would change nothing.)
 if redis.call('HEXISTS', KEYS[1], '~since') == 0 then
   redis.call('HSETNX', KEYS[1], '~since', now)
-  -- Bounded when only writers use it; a holder's renewal shortens it to
-  -- three leases (lease.lua).
-  redis.call('PEXPIRE', KEYS[1], 600000)
 end
 if ARGV[1] ~= '' then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
@@ -29,6 +26,7 @@ if KEYS[2] then
   redis.call('DEL', KEYS[2])
 end
 local out = {now, now}
+local leased = false
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   if all[i] == '~since' then
@@ -36,6 +34,15 @@ for i = 1, #all, 2 do
   else
     out[#out + 1] = all[i]
     out[#out + 1] = tonumber(all[i + 1])
+    leased = leased or tonumber(all[i + 1]) > now
   end
+end
+-- While leases run, the holders' renewals keep the registry (three leases
+-- past the last, lease.lua). Without them it is kept ten minutes past the
+-- last write: a registry that expired between the writes of writers
+-- without near caches would make the next write wait out one lease, as
+-- for a lost one. (PEXPIRE is allowed under maxmemory.)
+if not leased then
+  redis.call('PEXPIRE', KEYS[1], 600000)
 end
 return out
