@@ -22,6 +22,7 @@ import (
 )
 
 func TestEmptyKeyAndNilLoader(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -52,6 +53,7 @@ func TestEmptyKeyAndNilLoader(t *testing.T) {
 // TestOddKeys stores and deletes keys made of awkward bytes, including the
 // braces that decide Redis Cluster hash tags, and keys up to 1MB.
 func TestOddKeys(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	keys := map[string]string{
@@ -74,6 +76,7 @@ func TestOddKeys(t *testing.T) {
 	}
 	for name, k := range keys {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each waits out one near-cache lease (1s) for its new prefix
 			ctx := context.Background()
 			p := redistest.Prefix(t, direct)
 			cs := procs(t, 2, addr, nil, cache.WithPrefix(p), cache.WithRetry(100, 20*time.Millisecond))
@@ -108,6 +111,7 @@ func TestOddKeys(t *testing.T) {
 // the filler whose key the old search would have tried longest and checks
 // that Delete and GetOrLoad stay fast and that the lock shares the slot.
 func TestLongKeyWithUnmatchedBrace(t *testing.T) {
+	// Not parallel: it bounds a call's time.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	const prefix = "stampedetest:long-brace-key:"
@@ -197,6 +201,7 @@ func (c unsafeCodec) Unmarshal(b []byte, v any) error {
 }
 
 func TestValuesTheCodecRejects(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	ctx := context.Background()
@@ -258,6 +263,7 @@ func cyclic() any {
 // key. The cache cannot read it, so it counts as a miss: the loader runs once
 // and the record replaces the foreign data (the key belongs to the cache).
 func TestForeignDataAtKey(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	ctx := context.Background()
@@ -306,6 +312,7 @@ func TestForeignDataAtKey(t *testing.T) {
 }
 
 func TestHugeValue(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	key := redistest.Prefix(t, direct) + "k"
@@ -324,6 +331,7 @@ func TestHugeValue(t *testing.T) {
 }
 
 func TestInvalidOptionsPanic(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer rdb.Close()
 	cases := []struct {
@@ -374,6 +382,7 @@ func TestInvalidOptionsPanic(t *testing.T) {
 // option variable left unset, died with a nil-func runtime error instead of a
 // "cache:" message.
 func TestNilOptionPanicsClearly(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	if msg := panicMessage(func() { cache.New[string](rdb, nil) }); !strings.HasPrefix(msg, "cache: ") {
@@ -385,6 +394,7 @@ func TestNilOptionPanicsClearly(t *testing.T) {
 // float, and above about 265 years the product overflowed int64, so the value
 // was stored for 1ms.
 func TestHugeTTLWithJitter(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -404,6 +414,7 @@ func TestHugeTTLWithJitter(t *testing.T) {
 // TestNaNJitterRejected guards a fixed bug: WithJitter(NaN) passed
 // validation (NaN < 0 and NaN >= 1 are both false) and made every TTL 1ms.
 func TestNaNJitterRejected(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	if msg := panicMessage(func() { cache.New[string](rdb, cache.WithJitter(math.NaN())) }); !strings.HasPrefix(msg, "cache: WithJitter") {
