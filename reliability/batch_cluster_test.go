@@ -95,6 +95,7 @@ func (h *nodeRounds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 func TestClusterGetOrLoadMany(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 3)
 	admin := cl.client(t)
 	p := redistest.Prefix(t, admin)

@@ -19,6 +19,7 @@ import (
 // waiter budget, within the 30s load timeout) in one process while another
 // process asks for the same key, both with the default options.
 func TestDefaultBudgetCoversALongLoad(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	key := redistest.Prefix(t, newClient(t, addr, nil)) + "slow"
 	holder, waiter := procs(t, 1, addr, nil)[0], procs(t, 1, addr, nil)[0]
@@ -51,6 +52,7 @@ func TestDefaultBudgetCoversALongLoad(t *testing.T) {
 // loads: the waiter's error must match ErrLockNotAcquired and say which key
 // and which budget, so that an operator knows what to tune.
 func TestBudgetErrorNamesKeyAndBudget(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	key := redistest.Prefix(t, newClient(t, addr, nil)) + "budget"
 	holder := procs(t, 1, addr, nil)[0]
@@ -86,6 +88,7 @@ func TestBudgetErrorNamesKeyAndBudget(t *testing.T) {
 // TestLoadTimeoutEndsAWaitWithKeyAndTimeout: with the default budget the
 // wait ends at about the load timeout; the error says why, with the key.
 func TestLoadTimeoutEndsAWaitWithKeyAndTimeout(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	key := redistest.Prefix(t, newClient(t, addr, nil)) + "timeout"
 	holder := procs(t, 1, addr, nil)[0]

@@ -16,6 +16,7 @@ import (
 )
 
 func TestClusterBatchedReadsKeepASlotsErrorToItsReaders(t *testing.T) {
+	t.Parallel()
 	const masters = 2
 	cl := startCluster(t, masters)
 	ctx := context.Background()

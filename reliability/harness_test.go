@@ -6,6 +6,7 @@ package reliability_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -26,6 +27,18 @@ import (
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(childModeEnv); mode != "" {
 		os.Exit(runChild(mode)) // a re-executed test binary: see process_test.go
+	}
+	// Most tests here wait (for Sentinels, clusters, lock leases, loaders that
+	// sleep) far more than they compute: those marked t.Parallel run six at
+	// a time unless -parallel says otherwise (its default, GOMAXPROCS, is 2
+	// on a 2-core machine, which leaves the cores idle). Tests whose timing
+	// is tight (watchdogs, leases of a few hundred ms) or that read
+	// process-wide state stay serial: they run first, alone.
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		_ = flag.Set("test.parallel", "6")
 	}
 	code := m.Run()
 	redistest.Stop()

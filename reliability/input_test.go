@@ -23,6 +23,7 @@ import (
 )
 
 func TestEmptyKeyAndNilLoader(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -53,6 +54,7 @@ func TestEmptyKeyAndNilLoader(t *testing.T) {
 // TestOddKeys stores and deletes keys made of awkward bytes, including the
 // braces that decide Redis Cluster hash tags, and keys up to 1MB.
 func TestOddKeys(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	keys := map[string]string{
@@ -75,6 +77,7 @@ func TestOddKeys(t *testing.T) {
 	}
 	for name, k := range keys {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each waits out one near-cache lease (1s) for its new prefix
 			ctx := context.Background()
 			p := redistest.Prefix(t, direct)
 			cs := procs(t, 2, addr, nil, cache.WithPrefix(p), cache.WithRetry(100, 20*time.Millisecond))
@@ -109,6 +112,7 @@ func TestOddKeys(t *testing.T) {
 // the filler whose key the old search would have tried longest and checks
 // that Delete and GetOrLoad stay fast and that the lock shares the slot.
 func TestLongKeyWithUnmatchedBrace(t *testing.T) {
+	// Not parallel: it bounds a call's time.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	const prefix = "stampedetest:long-brace-key:"
@@ -202,6 +206,7 @@ func (c unsafeCodec) Unmarshal(b []byte, v any) error {
 }
 
 func TestValuesTheCodecRejects(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	ctx := context.Background()
@@ -263,6 +268,7 @@ func cyclic() any {
 // key. The cache cannot read it, so it counts as a miss: the loader runs once
 // and the record replaces the foreign data (the key belongs to the cache).
 func TestForeignDataAtKey(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	ctx := context.Background()
@@ -311,6 +317,7 @@ func TestForeignDataAtKey(t *testing.T) {
 }
 
 func TestHugeValue(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	key := redistest.Prefix(t, direct) + "k"
@@ -329,6 +336,7 @@ func TestHugeValue(t *testing.T) {
 }
 
 func TestInvalidOptionsPanic(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer rdb.Close()
 	cases := []struct {
@@ -379,6 +387,7 @@ func TestInvalidOptionsPanic(t *testing.T) {
 // option variable left unset, died with a nil-func runtime error instead of a
 // "cache:" message.
 func TestNilOptionPanicsClearly(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	if msg := panicMessage(func() { cache.New[string](rdb, nil) }); !strings.HasPrefix(msg, "cache: ") {
@@ -390,6 +399,7 @@ func TestNilOptionPanicsClearly(t *testing.T) {
 // float, and above about 265 years the product overflowed int64, so the value
 // was stored for 1ms.
 func TestHugeTTLWithJitter(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -409,6 +419,7 @@ func TestHugeTTLWithJitter(t *testing.T) {
 // TestNaNJitterRejected guards a fixed bug: WithJitter(NaN) passed
 // validation (NaN < 0 and NaN >= 1 are both false) and made every TTL 1ms.
 func TestNaNJitterRejected(t *testing.T) {
+	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	if msg := panicMessage(func() { cache.New[string](rdb, cache.WithJitter(math.NaN())) }); !strings.HasPrefix(msg, "cache: WithJitter") {

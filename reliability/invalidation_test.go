@@ -110,8 +110,10 @@ func (s *staleCount) add(o *staleCount) {
 // still answers), and once v1 is cached and read by every instance
 // ("after-commit"). No read that starts after Delete returned may get v1.
 func TestDeleteInAnotherInstance(t *testing.T) {
+	t.Parallel()
 	for _, shape := range []string{"during-load", "after-commit"} {
 		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
 			addr := redistest.Addr(t)
 			direct := newClient(t, addr, nil)
 			p := redistest.Prefix(t, direct)
@@ -204,6 +206,7 @@ func TestDeleteInAnotherInstance(t *testing.T) {
 // Redis: a child checks the flag before each read, so a read that saw the
 // flag began after Delete returned.
 func TestDeleteInAnotherProcess(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -376,6 +379,7 @@ func runReaderChild(env func(string) string) int {
 // after Delete returned, so it must not get v1, even though the read it
 // could share was answered before the Delete.
 func TestDeleteWhileAHitIsInFlight(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -422,6 +426,7 @@ func TestDeleteWhileAHitIsInFlight(t *testing.T) {
 // ErrNotFound with negative caching off is stored nowhere, and must still be
 // answered once, not asked again and again.
 func TestUncachedNotFoundIsAnsweredOnce(t *testing.T) {
+	// Not parallel: its callers must merge within 20ms.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	key := redistest.Prefix(t, direct) + "absent"
@@ -461,6 +466,7 @@ func TestUncachedNotFoundIsAnsweredOnce(t *testing.T) {
 // begins after Delete returned must not get the value A's loader read
 // before the change, even though that value never reached Redis.
 func TestDeleteWhileAnInstanceLoadsWithoutRedis(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)
@@ -509,6 +515,7 @@ func TestDeleteWhileAnInstanceLoadsWithoutRedis(t *testing.T) {
 // GetOrLoad on A that begins after Delete returned may share the batch's
 // flight only if it is still good: it must not get v1.
 func TestDeleteDuringABatchLoad(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	p := redistest.Prefix(t, direct)

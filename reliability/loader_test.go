@@ -17,6 +17,7 @@ import (
 // TestLoaderSlowerThanLockTTL runs a load five lock TTLs long: the watchdog
 // keeps the lease, so no other process loads.
 func TestLoaderSlowerThanLockTTL(t *testing.T) {
+	// Not parallel, like the other tests of leases under a second.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	key := redistest.Prefix(t, direct) + "k"
@@ -41,6 +42,7 @@ func TestLoaderSlowerThanLockTTL(t *testing.T) {
 // failure (errors.Is works), the lock is released at once, nothing is cached,
 // and the next caller elsewhere loads without waiting for a lease to expire.
 func TestLoaderFailure(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	cases := []struct {
@@ -112,6 +114,7 @@ func TestLoaderFailure(t *testing.T) {
 // released, so one other process loads. The abandoned loader's result is
 // never written. Bound: one extra load per abandoned load.
 func TestLoaderIgnoresContext(t *testing.T) {
+	// Not parallel: leases and timeouts of a few hundred ms.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	key := redistest.Prefix(t, direct) + "k"

@@ -19,6 +19,7 @@ import (
 )
 
 func TestManyColdKeys(t *testing.T) {
+	// Not parallel: it counts the goroutines of the whole test process.
 	const (
 		nkeys   = 3000
 		nprocs  = 2

@@ -28,6 +28,7 @@ var policies = []struct {
 }{{"FailOpen", cache.FailOpen}, {"FailClosed", cache.FailClosed}}
 
 func TestMisconfigurationIsAnError(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	withPassword := redistest.NewServer(t)
 	// Set after the start: redistest pings the server without a password.
@@ -125,18 +126,22 @@ func refusedFast(o *redis.Options) {
 }
 
 // TestCircuitBreakerDuringOutage kills Redis (its port refuses connections)
-// and makes 200 calls on distinct keys with the default breaker: after the
-// first few failures the cache must stop sending commands to Redis. When
-// Redis is back, a probe closes the breaker and values are cached again.
+// and makes 200 calls on distinct keys with the default breaker's failure
+// count and a short cool-down: after the first few failures the cache must
+// stop sending commands to Redis. When Redis is back, a probe closes the
+// breaker and values are cached again.
 func TestCircuitBreakerDuringOutage(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, pol := range policies {
 		t.Run(pol.name, func(t *testing.T) {
+			t.Parallel() // each kills its own server
 			srv := redistest.NewServer(t)
 			rdb := newClient(t, srv.Addr, refusedFast)
 			var hook commandCounter
 			rdb.AddHook(&hook)
-			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p))
+			const coolDown = 250 * time.Millisecond // the default (1s) costs the test seconds, not coverage
+			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p), cache.WithCircuitBreaker(cache.DefaultBreakerFailures, coolDown))
 			src := newSource(0)
 			if _, err := c.GetOrLoad(ctx, "breaker:warm", src.loader("breaker:warm", "v")); err != nil {
 				t.Fatalf("before the outage: %v", err)
@@ -190,15 +195,16 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 			t.Logf("figures: Redis down, %s, %d calls on distinct keys: %d ok, %d ErrCircuitOpen, %d other errors, %d loads; Redis commands sent=%d, dials=%d; %v in all, %v per call",
 				pol.name, calls, ok, circuitOpen, otherErrs, loads, cmds, dials, took.Round(time.Millisecond), (took / calls).Round(time.Microsecond))
 
-			// A longer outage: 8 workers calling every 10ms for 2.5s, with
-			// the default 1s cool-down, may send one probe per cool-down.
+			// A longer outage: 8 workers calling every 10ms for 4 cool-downs
+			// may send one probe per cool-down.
 			hook.cmds.Store(0)
 			var sustained atomic.Int64
 			var wg sync.WaitGroup
-			const probesAllowed = 4 // 2.5s / 1s, rounded up, plus one for timer slack
+			const outage = 4 * coolDown
+			const probesAllowed = 6 // one at the start, one per cool-down, plus one for timer slack
 			for w := range 8 {
 				wg.Go(func() {
-					for start := time.Now(); time.Since(start) < 2500*time.Millisecond; {
+					for start := time.Now(); time.Since(start) < outage; {
 						k := "breaker:long:" + strconv.Itoa(w) + ":" + strconv.FormatInt(sustained.Add(1), 10)
 						_, _ = c.GetOrLoad(ctx, k, src.loader(k, "v"))
 						time.Sleep(10 * time.Millisecond)
@@ -207,9 +213,9 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 			}
 			wg.Wait()
 			if n := hook.cmds.Load(); n > probesAllowed {
-				t.Errorf("%d calls over a 2.5s outage sent %d commands; want at most %d (one probe per 1s cool-down)", sustained.Load(), n, probesAllowed)
+				t.Errorf("%d calls over a %v outage sent %d commands; want at most %d (one probe per %v cool-down)", sustained.Load(), outage, n, probesAllowed, coolDown)
 			}
-			t.Logf("figures: %s: %d more calls from 8 goroutines over 2.5s of outage sent %d commands (probes)", pol.name, sustained.Load(), hook.cmds.Load())
+			t.Logf("figures: %s: %d more calls from 8 goroutines over %v of outage sent %d commands (probes)", pol.name, sustained.Load(), outage, hook.cmds.Load())
 
 			if err := srv.Start(); err != nil {
 				t.Fatalf("restart redis: %v", err)
@@ -235,6 +241,7 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 // READONLY. The cache waits READONLY out as a failover in progress, which is
 // fair, but when it gives up the caller must learn why.
 func TestClientOnAReplicaNamesREADONLY(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	primary := redistest.NewServer(t, "--repl-diskless-sync-delay", "0") // the replica syncs at once
 	replica := redistest.NewServer(t)
@@ -268,6 +275,7 @@ func TestClientOnAReplicaNamesREADONLY(t *testing.T) {
 // ClusterClient. For this client MOVED never goes away, so the cache must
 // return it at once, not poll it for the whole load timeout.
 func TestPlainClientOnAClusterNode(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cl := startCluster(t, 3)
 	rdb := newClient(t, cl.nodes[0].Addr, nil)
@@ -316,10 +324,12 @@ func TestPlainClientOnAClusterNode(t *testing.T) {
 // instead of being refused: each failing call costs the client's read
 // timeout (300ms here), so the breaker must open after a few of them.
 func TestCircuitBreakerOnAStalledLink(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addr := redistest.Addr(t)
 	for _, pol := range policies {
 		t.Run(pol.name, func(t *testing.T) {
+			t.Parallel() // each stalls its own proxy
 			px := newProxy(t, addr)
 			rdb := newClient(t, px.Addr(), fastFail)
 			var hook commandCounter

@@ -19,6 +19,7 @@ import (
 )
 
 func TestClusterNearCacheAcrossInstancesAndMigration(t *testing.T) {
+	t.Parallel()
 	const masters = 3
 	cl := startCluster(t, masters)
 	ctx := context.Background()

@@ -68,8 +68,8 @@ type nearWriter struct {
 func invalidationRounds(tb testing.TB, rounds int, fault nearFault) nearWriter {
 	addr := redistest.Addr(tb)
 	var srv *redistest.Server
-	if fault == faultRestart {
-		srv = redistest.PrivateServer(tb, "it restarts the server")
+	if fault == faultRestart || fault == faultKill { // kill: it kills every near-cache connection on its server
+		srv = redistest.PrivateServer(tb, "it restarts the server or kills its connections")
 		addr = srv.Addr
 	}
 	direct := newClient(tb, addr, nil)
@@ -276,8 +276,15 @@ func runNearReaderChild(env func(string) string) int {
 // from memory; the writer waited out a lease only when a reader was frozen
 // or cut off.
 func TestNearCacheAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []nearFault{faultNone, faultKill, faultStop, faultFreeze, faultRestart} {
 		t.Run(string(fault), func(t *testing.T) {
+			if fault == faultFreeze || fault == faultRestart {
+				// These two wait most (leases, a restart) and check no
+				// lease wait that a busy machine could add: they run
+				// together, after the others.
+				t.Parallel()
+			}
 			w := invalidationRounds(t, 3, fault)
 			var hits, old int64
 			for _, r := range w.rounds {

@@ -28,6 +28,7 @@ func procs(t *testing.T, n int, addr string, tune func(*redis.Options), opts ...
 }
 
 func TestNetworkLatencyDuringStampede(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	px := newProxy(t, addr)
@@ -54,6 +55,7 @@ func TestNetworkLatencyDuringStampede(t *testing.T) {
 // TestNetworkFaultDuringStampede cuts every connection (stall or reset) before a
 // stampede and checks both failure policies, then the recovery.
 func TestNetworkFaultDuringStampede(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	faults := []struct {
@@ -114,6 +116,7 @@ func TestNetworkFaultDuringStampede(t *testing.T) {
 // loader ran and before the fenced commit: the holder's callers still get the
 // value, the lock is left to expire, and one other process loads once more.
 func TestNetworkCutDuringCommit(t *testing.T) {
+	// Not parallel: the wait it bounds is a 500ms lease.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	px := newProxy(t, addr)
@@ -171,6 +174,7 @@ func TestNetworkCutDuringCommit(t *testing.T) {
 // runs for several lock TTLs: the watchdog's refreshes still land in time, so
 // nobody else loads.
 func TestNetworkLatencyDuringRefresh(t *testing.T) {
+	// Not parallel: a refresh late by 200ms more loses the lease.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	px := newProxy(t, addr)
@@ -214,6 +218,7 @@ func TestNetworkLatencyDuringRefresh(t *testing.T) {
 // cannot land: the lease runs out, another process loads (the one extra load
 // the design allows) and the holder's late commit is fenced off.
 func TestNetworkStallDuringRefresh(t *testing.T) {
+	// Not parallel: a 300ms lease.
 	addr := redistest.Addr(t)
 	direct := newClient(t, addr, nil)
 	px := newProxy(t, addr)

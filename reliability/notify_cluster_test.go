@@ -51,6 +51,7 @@ func (h *scriptsPerKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 }
 
 func TestClusterWaitersWokenPerMaster(t *testing.T) {
+	t.Parallel()
 	const masters, perMaster = 3, 2
 	cl := startCluster(t, masters)
 	ctx := context.Background()

@@ -49,6 +49,7 @@ func migrating(t *testing.T, seed map[string]string) (cl *cluster, tag string, f
 }
 
 func TestGoRedisPipelineRaceDuringMigration(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("STAMPEDE_GOREDIS_REPRO") == "" {
 		t.Skip("go-redis's own race: set STAMPEDE_GOREDIS_REPRO=1 and run with -race to reproduce it")
 	}
@@ -71,6 +72,7 @@ func TestGoRedisPipelineRaceDuringMigration(t *testing.T) {
 }
 
 func TestGetOrLoadManyDuringSlotMigration(t *testing.T) {
+	t.Parallel()
 	// Batches whose keys are all in a slot half moved: on the source, some
 	// keys hold an unreadable value (the read-or-lock meets TRYAGAIN: the
 	// value is there, the lock is not), the others are absent (ASK). Through
@@ -200,6 +202,7 @@ func (h *singles) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 
 func TestGetOrLoadManyFollowsRedirects(t *testing.T) {
+	t.Parallel()
 	// The batch's pipelines meet MOVED (a client whose slot map went stale
 	// after a slot moved) or ASK (keys absent from a slot's source while it
 	// migrates) and follow them themselves. After MOVED every script runs
@@ -207,8 +210,8 @@ func TestGetOrLoadManyFollowsRedirects(t *testing.T) {
 	// After ASK, the batch sends ASKING and the command to the importing
 	// node: the GETs get nil, the scripts (two keys, both missing there)
 	// TRYAGAIN, waited out until the slot has moved.
-	t.Run("MOVED", func(t *testing.T) { followsRedirects(t, true) })
-	t.Run("ASK", func(t *testing.T) { followsRedirects(t, false) })
+	t.Run("MOVED", func(t *testing.T) { t.Parallel(); followsRedirects(t, true) }) // a cluster each
+	t.Run("ASK", func(t *testing.T) { t.Parallel(); followsRedirects(t, false) })
 }
 
 func followsRedirects(t *testing.T, moved bool) {

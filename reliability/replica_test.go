@@ -17,6 +17,7 @@ import (
 )
 
 func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
+	t.Parallel()
 	cl := startCluster(t, 1, 0) // one master with every slot, one replica
 	ctx := context.Background()
 	addrs := []string{cl.nodes[0].Addr, cl.nodes[1].Addr}

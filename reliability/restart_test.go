@@ -15,6 +15,7 @@ import (
 )
 
 func TestRedisRestartMidStampede(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []cache.FailurePolicy{cache.FailOpen, cache.FailClosed} {
 		pname := map[cache.FailurePolicy]string{cache.FailOpen: "FailOpen", cache.FailClosed: "FailClosed"}[policy]
 		t.Run(pname, func(t *testing.T) {

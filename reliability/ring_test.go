@@ -28,6 +28,7 @@ func ringOf(t *testing.T, shards map[string]string) *redis.Ring {
 }
 
 func TestRingKeysWithBraceNoTag(t *testing.T) {
+	// Not parallel: its watchdog case runs on a 600ms lease.
 	ctx := context.Background()
 	s0, s1 := redistest.NewServer(t), redistest.NewServer(t)
 	shards := map[string]string{"s0": s0.Addr, "s1": s1.Addr}
