@@ -64,10 +64,9 @@
 //
 // # Read coalescing
 //
-// Callers of one key in a process share one flight, and the GETs of
-// concurrent flights go out together without a timer: a read that finds
-// none on the wire goes at once, and the reads that arrive meanwhile go out
-// as one MGET when it returns (one per slot and master on a cluster).
+// Callers of one key in a process share one flight; the GETs of concurrent
+// flights go out together, without a timer, as one MGET (per slot and
+// master on a cluster) when the read on the wire returns.
 //
 // # Failure policy
 //
@@ -80,13 +79,9 @@
 // that mean misconfiguration (NOAUTH, NOPERM, an unknown command) are
 // returned under every policy.
 //
-// How it works, step by step (the load lock, the fenced commit, notified
-// waiters, read coalescing, the early-refresh draw, the near cache's
-// leases, the record format, the keys and channels it uses): docs/PROTOCOL.md
-// in the repository,
+// Step by step, with the scripts, keys and record format:
 // https://github.com/stampede-go/stampede/blob/main/docs/PROTOCOL.md; every
-// guarantee with what it assumes and costs: docs/GUARANTEES.md,
-// https://github.com/stampede-go/stampede/blob/main/docs/GUARANTEES.md. For a
-// lock on its own (one instance at a time runs a job), see package
-// github.com/stampede-go/stampede/lock.
+// guarantee with what it assumes and costs:
+// https://github.com/stampede-go/stampede/blob/main/docs/GUARANTEES.md. For
+// a lock on its own, see package github.com/stampede-go/stampede/lock.
 package cache

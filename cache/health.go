@@ -163,9 +163,7 @@ func ping(ctx context.Context, rdb redis.UniversalClient) error {
 	return nil
 }
 
-// unsupported holds the addresses of servers found without client-side
-// caching, said once per process.
-var unsupported sync.Map
+var unsupported sync.Map // addresses of servers said to lack client-side caching
 
 // nearRefused reports that a near cache cannot serve because Redis refused
 // a command it needs (its tracker reports that once until it serves): for

@@ -116,8 +116,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 	return rs, errs
 }
 
-// loadEventErr is the Err of a load's EventLoad: the loader's error, or
-// [ErrNotFound] when the load of one key found nothing.
+// loadEventErr is EventLoad's Err: the loader's, or ErrNotFound for one key not found.
 func loadEventErr[V any](err error, keys []loadKey, m map[string]V) error {
 	if err == nil && len(keys) == 1 {
 		if _, ok := m[keys[0].name]; !ok {
@@ -192,7 +191,7 @@ type lockEnd struct {
 	px     time.Duration
 }
 
-// releases is ends that give up every lock of lks.
+// releases gives up every lock of lks.
 func releases(lks []*loadLock) []lockEnd {
 	ends := make([]lockEnd, len(lks))
 	for i, lk := range lks {
