@@ -22,11 +22,10 @@ import (
 // health is one client's state, shared by its caches and breakers. Safe
 // for concurrent use.
 type health struct {
-	refusals sync.Map      // prefixes ("" for the server) whose near cache refusal was logged
-	addr     string        // where the client points, for messages
-	down     atomic.Bool   // an outage is in progress: its first failure was logged
-	fullAt   atomic.Int64  // nanotime of the last OOM reply; 0: none yet
-	episode  atomic.Uint64 // episodes of memory pressure begun (see full)
+	addr    string        // where the client points, for messages
+	down    atomic.Bool   // an outage is in progress: its first failure was logged
+	fullAt  atomic.Int64  // nanotime of the last OOM reply; 0: none yet
+	episode atomic.Uint64 // episodes of memory pressure begun (see full)
 
 	mu      sync.Mutex
 	loggers map[*slog.Logger]int // protected by mu; by Caches using each; nil: slog.Default()
