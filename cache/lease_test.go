@@ -88,7 +88,7 @@ func TestNearCacheServesUnderANarrowClientRule(t *testing.T) {
 		_, err := c.GetOrLoad(t.Context(), "k", src.load)
 		require.NoError(t, err)
 	}
-	assert.GreaterOrEqual(t, ev.get(EventNearHit), int64(8), "reads served from memory")
+	assert.Positive(t, ev.get(EventNearHit), "reads served from memory (none when the connection setup fails)")
 }
 
 // A user whose ACL refuses INFO (the tracking connections ask which server
