@@ -470,10 +470,13 @@ func TestNearEventsCarryTheFullKey(t *testing.T) {
 		_, err := c.GetOrLoad(t.Context(), k, src.load)
 		require.NoError(t, err)
 	}
-	for range 3 {
+	require.True(t, eventually(func() bool { // a loaded machine may renew the lease late
 		_, err := c.GetOrLoad(t.Context(), "k19", src.load)
 		require.NoError(t, err)
-	}
+		mu.Lock()
+		defer mu.Unlock()
+		return len(keys[EventNearHit]) > 0
+	}), "no near hit")
 	c.near.store.CleanUp()
 	count := func(kind EventKind) int { mu.Lock(); defer mu.Unlock(); return len(keys[kind]) }
 	hits := count(EventNearHit)
