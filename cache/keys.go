@@ -35,7 +35,7 @@ func LockKey(valueKey string) string {
 // wrong slot tag, say) stay usable.
 func isLockName(key string) bool {
 	// key+"{}"+suffix, key with a hash tag.
-	if v, ok := strings.CutSuffix(key, "{}"+lockSuffix); ok && hasHashTag(v) {
+	if v, ok := strings.CutSuffix(key, "{}"+lockSuffix); ok && slot.HasTag(v) {
 		return true
 	}
 	// key+"{T}"+suffix, key without '{': the first '{' opens T.
@@ -48,7 +48,7 @@ func isLockName(key string) bool {
 	if rest, ok := strings.CutPrefix(key, "{"); ok {
 		if j := strings.IndexByte(rest, '}'); j > 0 {
 			if v, ok := strings.CutPrefix(rest[j+1:], lockSuffix); ok {
-				if v, ok := strings.CutSuffix(v, "}"); ok && strings.Contains(v, "{") && !hasHashTag(v) &&
+				if v, ok := strings.CutSuffix(v, "}"); ok && strings.Contains(v, "{") && !slot.HasTag(v) &&
 					rest[:j] == slot.Tag(slot.Of(v)) {
 					return true
 				}
@@ -56,11 +56,4 @@ func isLockName(key string) bool {
 		}
 	}
 	return false
-}
-
-// hasHashTag reports whether key has a Redis Cluster hash tag: a '{'
-// followed, after at least one byte, by a '}'.
-func hasHashTag(key string) bool {
-	i := strings.IndexByte(key, '{')
-	return i >= 0 && strings.IndexByte(key[i+1:], '}') > 0
 }

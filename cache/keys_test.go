@@ -83,7 +83,7 @@ func TestChannelsAreUnderThePrefix(t *testing.T) {
 var channelPrefixes = []string{"", "product:", "{shop}:", "a{b}:", "a}b:", "a{b:", "{}:", "{"}
 
 // strayBrace reports whether s has a '{' that opens no hash tag.
-func strayBrace(s string) bool { return strings.Contains(s, "{") && !hasHashTag(s) }
+func strayBrace(s string) bool { return strings.Contains(s, "{") && !slot.HasTag(s) }
 
 // TestLockNamesAreExactlyRefused: every lock name is refused as a value
 // key, and keys that only look like one (a wrong slot tag, a missing
