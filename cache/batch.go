@@ -25,6 +25,9 @@ func (c *Cache[V]) getOrLoadMany(ctx context.Context, keys []string, loadMany lo
 	if loadMany == nil {
 		return nil, ErrNilLoader
 	}
+	if err := c.checkTags(o.store.tags); err != nil {
+		return nil, err
+	}
 	b := &batch[V]{c: c, ctx: ctx, opts: o, loadMany: loadMany, name: make(map[string]string, len(keys))}
 	for i, k := range keys {
 		full, err := c.key(k)
@@ -158,7 +161,7 @@ func (b *batch[V]) hit(key string, r *result[V]) *result[V] {
 func (b *batch[V]) refresh(ctx context.Context) map[string]*result[V] {
 	ds := b.due
 	b.due = nil
-	return b.c.refreshDue(ctx, ds, b.loadMany, b.opts.ttl)
+	return b.c.refreshDue(ctx, ds, b.loadMany, b.opts.store)
 }
 
 // single is loadMany for one key, for waits on other holders that end up
@@ -278,7 +281,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	for i, k := range b.keys {
 		if errs[i] == nil && !b.opts.force {
 			raw, _ := cmds[i].Bytes()
-			hits[i] = b.hit(k, c.decode(k, raw, at))
+			hits[i] = b.hit(k, c.decode(ctx, k, raw, at))
 		}
 	}
 	fresh := b.refresh(ctx)
@@ -374,7 +377,7 @@ func (b *batch[V]) locked(key string, lk *loadLock, at time.Time, cmd *redis.Cmd
 	case res[0] == int64(1):
 		s, _ := res[1].(string)
 		queued := len(b.due)
-		if r := b.hit(key, b.c.decode(key, []byte(s), at)); r == nil {
+		if r := b.hit(key, b.c.decode(b.ctx, key, []byte(s), at)); r == nil {
 			return true // unreadable, or expired already
 		} else if len(b.due) > queued {
 			b.late = append(b.late, key) // answered by takeLate, with its refresh
@@ -450,7 +453,7 @@ func (b *batch[V]) load(ctx context.Context, uncached []string) {
 	if len(keys) == 0 {
 		return
 	}
-	rs, errs := b.c.loadFor(ctx, keys, b.loadMany, b.opts.ttl)
+	rs, errs := b.c.loadFor(ctx, keys, b.loadMany, b.opts.store)
 	b.held = nil
 	for i, k := range keys {
 		if errs[i] != nil {

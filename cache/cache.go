@@ -34,6 +34,7 @@ type Cache[V any] struct {
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
 	registry string             // the near caches' lease registry: a reserved key
 	markKeys string             // what writers' marker keys begin with: reserved
+	tags     *tagState          // tag versions (see WithTags)
 
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
@@ -62,6 +63,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	c.registry, c.markKeys = coherence.RegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
+	c.tags = newTagState(c.cfg.prefix)
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify
@@ -196,6 +198,27 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption)
 // [ErrReservedKey], or a Redis error wrapped as "cache: redis: ...".
 func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 	return c.delete(ctx, keys)
+}
+
+// DeleteByTag removes every value stored with one of tags (see [Tags],
+// [AddTags]), in one O(1) write whatever their number and slots, with the
+// promise of [Cache.Delete]: a read that begins after it returned, in any
+// process, near caches included, gets none of them, nor the value of a load
+// that began before it. It voids the versions every process keeps in
+// memory, so each near cache starts empty after it. The values stay in
+// Redis until their TTL, unreadable (see [WithTags]). Errors: [ErrNoTags]
+// without WithTags, an error for an empty tag, [ErrCircuitOpen] while the
+// breaker is open, a Redis error wrapped as "cache: redis: ...".
+func (c *Cache[V]) DeleteByTag(ctx context.Context, tags ...string) error {
+	return c.deleteByTag(ctx, tags)
+}
+
+// Clear removes every value of the Cache (its prefix), as FusionCache's
+// Clear, with the promise and the O(1) cost of [Cache.DeleteByTag]. It
+// needs [WithTags]: records written by a process without it are removed
+// too, but only processes with it check for Clear.
+func (c *Cache[V]) Clear(ctx context.Context) error {
+	return c.deleteVersions(ctx, []string{c.tags.all})
 }
 
 // Close gives back the Cache's hold on what the caches on its Redis client

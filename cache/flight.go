@@ -35,6 +35,7 @@ type result[V any] struct {
 	head      []byte           // the record up to the payload: which write it is
 	throttled bool             // a stale value kept after a failed refresh
 	expired   bool             // expired by hand (Expire): reloaded, kept as the fallback
+	stamp     *record.Stamp    // the record's tags and tag clock (nil: none)
 	stale     bool             // served past its TTL
 	// at is when the Redis call that vouches for this result was sent: the
 	// read that found it, the commit that stored it, or for a load whose lock
@@ -61,6 +62,9 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 	}
 	if load == nil {
 		return zero, ErrNilLoader
+	}
+	if err := c.checkTags(o.store.tags); err != nil {
+		return zero, err
 	}
 	tk := c.nearTicket(key) // before start: every read this caller takes is sent after it
 	start := time.Now()
@@ -214,7 +218,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 		return "", ErrEmptyKey
 	}
 	k = c.cfg.prefix + k
-	if isLockName(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) {
+	if isLockName(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) || c.tags.global(k) {
 		return "", fmt.Errorf("%w: %q", ErrReservedKey, k)
 	}
 	return k, nil
@@ -257,21 +261,21 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, c.brk.err(), load, o)
 	}
 	b, err := c.redisio.Get(ctx, key)
-	var skip []byte     // bytes at key we could not decode, or must reload: a miss, to be replaced
-	var fallback []byte // the payload of a value expired by hand, if the load fails
+	var skip []byte       // bytes at key we could not decode, or must reload: a miss, to be replaced
+	var expired *result[V] // a value expired by hand: the fallback if the load fails
 	switch c.readReply(key, err) {
 	case readHit:
 		if o.force { // what is there now is to be replaced; a value committed after it is not
 			skip = b
 			break
 		}
-		r := c.decode(key, b, at)
+		r := c.decode(ctx, key, b, at)
 		if f := c.found(ctx, key, load, o, r); f != nil {
 			return f, nil
 		}
 		skip = b
 		if r != nil && r.expired && c.cfg.stale > 0 { // Expire: reloaded, the old value its fallback
-			fallback = r.data
+			expired = r
 		}
 	case readMiss:
 	case readFatal:
@@ -284,7 +288,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	// shared one of the GET may be nearly spent.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 	defer cancel()
-	return c.readOrLock(ctx, key, load, o, skip, fallback)
+	return c.readOrLock(ctx, key, load, o, skip, expired)
 }
 
 // readVerdict is what a read's reply (its error) means for the miss path.
@@ -318,8 +322,9 @@ func verdictOf(class errClass, err error) readVerdict {
 
 // readOrLock runs read-or-lock until it finds a value or takes the lock,
 // waiting for the holder's commit between attempts, at most the retry
-// budget; skip is bytes at key that do not count as a value.
-func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, skip, fallback []byte) (*result[V], error) {
+// budget; skip is bytes at key that do not count as a value, expired a
+// value expired by hand, the fallback of a failed load (nil: none).
+func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, skip []byte, expired *result[V]) (*result[V], error) {
 	lk := newLoadLock(key)
 	var w waiter
 	for attempt := 1; ; attempt++ {
@@ -329,14 +334,18 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 		case errNone:
 			if res[0].(int64) == 1 {
 				b := []byte(res[1].(string))
-				if r := c.found(ctx, key, load, o, c.decode(key, b, at)); r != nil {
+				if r := c.found(ctx, key, load, o, c.decode(ctx, key, b, at)); r != nil {
 					c.waited(key, w.start, nil)
 					return r, nil
 				}
 				skip = b
 			} else if res[1].(int64) == 1 {
 				c.waited(key, w.start, nil)
-				return c.loadHeld(ctx, loadKey{key: key, name: key, lk: lk, locked: at, fallback: fallback}, load, o)
+				k := loadKey{key: key, name: key, lk: lk, locked: at}
+				if expired != nil {
+					k.fallback, k.prior = expired.data, expired.stamp
+				}
+				return c.loadHeld(ctx, k, load, o)
 			} else if w.start.IsZero() {
 				w.start = time.Now()
 				c.cfg.emit(EventLockContended, key, 0, nil)
@@ -415,18 +424,23 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 }
 
 // decode reads the record found at key at time at; nil means it is not one
-// this version can read. A value the codec cannot decode (another Cache's
-// value type, say) is a miss too, sent to the observer as
-// EventDecodeError and to the error hook once per key (see decodeReports).
-func (c *Cache[V]) decode(key string, b []byte, at time.Time) *result[V] {
+// this version can read, or a value that DeleteByTag or Clear removed. A
+// value the codec cannot decode (another Cache's value type, say) is a miss
+// too, sent to the observer as EventDecodeError and to the error hook once
+// per key (see decodeReports).
+func (c *Cache[V]) decode(ctx context.Context, key string, b []byte, at time.Time) *result[V] {
 	flags, payload, err := record.Decode(b)
 	if err != nil {
 		return nil
 	}
-	if flags&record.FlagNotFound != 0 {
-		return &result[V]{notFound: ErrNotFound, at: at}
+	st, ok := c.stampRead(ctx, key, b)
+	if !ok {
+		return nil
 	}
-	r := &result[V]{data: payload, hasV: true, at: at}
+	if flags&record.FlagNotFound != 0 {
+		return &result[V]{notFound: ErrNotFound, at: at, stamp: st}
+	}
+	r := &result[V]{data: payload, hasV: true, at: at, stamp: st}
 	if err := c.unmarshal(payload, &r.v); err != nil {
 		var pe *PanicError
 		if !errors.As(err, &pe) {
@@ -453,7 +467,7 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 	r, isDue := c.judge(key, r, o.noStale)
 	if isDue {
 		ds := []due[V]{{key: key, name: key, old: r}}
-		if f := c.refreshDue(ctx, ds, loadOne(load), o.ttl)[key]; f != nil {
+		if f := c.refreshDue(ctx, ds, loadOne(load), o.store)[key]; f != nil {
 			return f
 		}
 	}
@@ -464,7 +478,7 @@ func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Cont
 // that fails with a fallback (a value expired by hand) answers with the
 // fallback, stale, kept for the throttle (see endOf).
 func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
-	rs, errs := c.loadFor(ctx, []loadKey{k}, loadOne(load), o.ttl)
+	rs, errs := c.loadFor(ctx, []loadKey{k}, loadOne(load), o.store)
 	if errs[0] != nil && k.fallback != nil && k.lk != nil {
 		c.cfg.emit(EventStaleServed, k.key, 0, ErrRefreshFailed)
 		return &result[V]{data: k.fallback, stale: true, at: k.locked}, nil

@@ -59,15 +59,18 @@ type loadKey struct {
 	// fallback is the payload of a stale value being refreshed under
 	// WithStale: kept for the throttle if the load fails.
 	fallback []byte
+	// prior is the stamp of the value being refreshed or reloaded (nil:
+	// none): its tags stay, and it stamps the fallback.
+	prior *record.Stamp
 }
 
 // loadFor calls load once for keys, extending their locks meanwhile, and
 // ends every lock: the value committed (fenced by the lock's token) or the
-// lock released. ttl is the call's TTL (unset: the Cache's); the loader's
-// [SetTTL] wins. Each key gets its result or its error, index-aligned with
+// lock released. store is what the call chose for the values (its TTL
+// unset: the Cache's); the loader's [SetTTL] wins, its [AddTags] adds. Each key gets its result or its error, index-aligned with
 // keys; a result's at is when the call that vouches for it was sent (see
 // result.at).
-func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[V], ttl ttlChoice) ([]*result[V], []error) {
+func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[V], store storeChoice) ([]*result[V], []error) {
 	names := make([]string, len(keys))
 	for i, k := range keys {
 		names[i] = k.name
@@ -76,7 +79,12 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 		}
 	}
 	stop := c.watchdog(ctx, keys)
-	opts := &loadOptions{ttl: ttl}
+	opts := &loadOptions{ttl: store.ttl, tags: slices.Clone(store.tags), tagging: c.cfg.tags}
+	st, err := c.stampOf(ctx, nil) // before the loader reads the source
+	if err != nil {
+		c.report(keys[0].key, fmt.Errorf("%w; the loaded values are not stored", err))
+		opts.noCache = true
+	}
 	began := time.Now()
 	m, err := callLoader(context.WithValue(ctx, loadOptionsKey{}, opts), func(ctx context.Context) (map[string]V, error) {
 		return load(ctx, names)
@@ -101,14 +109,14 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 			}
 			continue
 		}
-		ends = append(ends, c.endOf(k, rs[i], errs[i], opts, took))
+		ends = append(ends, c.endOf(k, rs[i], errs[i], opts, took, st))
 		held = append(held, i)
 	}
 	stored := c.endLocks(ctx, ends)
 	for j, i := range held {
 		if rs[i] != nil {
 			rs[i].at = keys[i].locked
-			if !stored[j].IsZero() {
+			if !stored[j].IsZero() && c.vouched(ctx, ends[j].stamp) {
 				rs[i].at = stored[j]
 			}
 		}
@@ -141,34 +149,60 @@ func (c *Cache[V]) resultOf(key string, v V, ok bool) (*result[V], error) {
 }
 
 // endOf is how k's lock ends after its load: the record to commit, or a
-// release (no record) when there is nothing to store.
-func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, took time.Duration) lockEnd {
+// release (no record) when there is nothing to store. st is the load's
+// stamp (nil without WithTags): the value gets the call's, the loader's and
+// the prior value's tags.
+func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, took time.Duration, st *record.Stamp) lockEnd {
 	end := lockEnd{key: k.key, lk: k.lk}
+	if st != nil {
+		st = &record.Stamp{Clock: st.Clock, Tags: mergeTags(opts.tags, k.priorTags())}
+	}
 	switch {
 	case err != nil && k.fallback != nil: // stale-if-error: keep the old value for the throttle
 		c.report(k.key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", k.key, c.cfg.throttle, err))
-		end.record = record.EncodeFresh(record.FlagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, k.fallback)
+		fb := k.prior // the old value keeps the stamp it was current under
+		if fb == nil && c.cfg.tags {
+			fb = &record.Stamp{}
+		}
+		end.record, end.stamp = record.Build(record.FlagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, fb, k.fallback), fb
 		end.px = addSat(c.cfg.throttle, c.cfg.stale)
 	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0,
 		r.notFound == nil && opts.ttl.or(c.cfg.ttl) <= 0:
 		// released: callers merged with the load get it (see DoNotCache, TTL)
 	case r.notFound != nil:
-		end.record, end.px = record.Encode(record.FlagNotFound, nil), c.cfg.notFoundTTL
+		end.record, end.px, end.stamp = record.Build(record.FlagNotFound, record.Freshness{}, st, nil), c.cfg.notFoundTTL, st
 	default:
-		end.record, end.px = c.wrap(r.data, took, opts.ttl.or(c.cfg.ttl))
+		end.record, end.px = c.wrap(r.data, took, opts.ttl.or(c.cfg.ttl), st)
+		end.stamp = st
 	}
 	return end
 }
 
-// wrap makes the record of a value loaded in took for a TTL of ttl (before
-// jitter); px is how long Redis keeps it: the TTL plus what stale serving
-// and early refresh need past it.
-func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration) (rec []byte, px time.Duration) {
-	ttl = c.jittered(ttl)
-	if !c.cfg.withFreshness() {
-		return record.Encode(0, data), ttl
+// priorTags are the tags of the value k replaces.
+func (k loadKey) priorTags() []string {
+	if k.prior == nil {
+		return nil
 	}
-	return record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, data), addSat(ttl, c.cfg.keepPast(took))
+	return k.prior.Tags
+}
+
+// wrap makes the record of a value loaded in took for a TTL of ttl (before
+// jitter), stamped st (nil: not); px is how long Redis keeps it: the TTL
+// plus what stale serving and early refresh need past it, and for a stamped
+// record at most tagMemory.
+func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration, st *record.Stamp) (rec []byte, px time.Duration) {
+	ttl = c.jittered(ttl)
+	if st != nil {
+		ttl = min(ttl, tagMemory)
+	}
+	if !c.cfg.withFreshness() {
+		return record.Build(0, record.Freshness{}, st, data), ttl
+	}
+	px = addSat(ttl, c.cfg.keepPast(took))
+	if st != nil {
+		px = min(px, tagMemory)
+	}
+	return record.Build(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, st, data), px
 }
 
 // marshal encodes v; a panicking codec becomes an error here, while the lock
@@ -189,6 +223,7 @@ type lockEnd struct {
 	lk     *loadLock
 	record []byte
 	px     time.Duration
+	stamp  *record.Stamp // record's (nil: none)
 }
 
 // releases gives up every lock of lks.

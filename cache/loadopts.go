@@ -12,7 +12,15 @@ import (
 // loadOptions is what a loader said through its context.
 type loadOptions struct {
 	ttl     ttlChoice // the call's, unless the loader chose
+	tags    []string  // the call's, and the loader's (AddTags)
 	noCache bool
+	tagging bool // the Cache has WithTags: AddTags works
+}
+
+// storeChoice is what one call chose for the values it stores.
+type storeChoice struct {
+	ttl  ttlChoice
+	tags []string // see Tags
 }
 
 // ttlChoice is the TTL one call or one load chose; unset, the Cache's.
@@ -48,6 +56,30 @@ func SetTTL(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 	return false
+}
+
+// AddTags, called by a loader with the context it was given, adds tags to
+// the values it is about to return, besides the call's [Tags]: a product
+// loader that learns the product's category, say. It reports whether ctx
+// is a loader's context of a Cache made [WithTags]; on any other Cache's
+// loader it returns false and keeps the values out of Redis (stored
+// without the tag, a later [Cache.DeleteByTag] would miss them). Empty
+// tags are ignored.
+func AddTags(ctx context.Context, tags ...string) bool {
+	o, _ := ctx.Value(loadOptionsKey{}).(*loadOptions)
+	switch {
+	case o == nil:
+		return false
+	case !o.tagging:
+		o.noCache = true
+		return false
+	}
+	for _, t := range tags {
+		if t != "" {
+			o.tags = append(o.tags, t)
+		}
+	}
+	return true
 }
 
 // DoNotCache, called by a loader with the context it was given, keeps the

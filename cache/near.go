@@ -173,9 +173,11 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		},
 	})
 	health := &c.share.res.health // not c: the near cache must not keep its Cache alive
+	tags := c.tags
 	n.track = coherence.New(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
 			if all {
+				tags.forget()
 				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
 					n.store.InvalidateAll()
 					cfg.emit(EventNearDrop, "", 0, nil)
@@ -194,6 +196,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			cfg.emit(EventNearLeaseWait, holder, 0, nil)
 		},
 		OnRefused: func(err error) { health.nearRefused(cfg.prefix, err) },
+		Global:    tags.global,
 	})
 	return n
 }

@@ -75,6 +75,7 @@ type config struct {
 	logOff bool         // WithLogger(nil)
 
 	replicaReads bool // see replica.go
+	tags         bool // see WithTags
 }
 
 func newConfig(opts []Option) config {
@@ -451,6 +452,24 @@ func WithObserver(fn func(Event)) Option {
 // changes nothing for a client that is not a cluster client.
 func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true } }
 
+// WithTags lets values carry tags ([Tags], [AddTags]) and makes
+// [Cache.DeleteByTag] and [Cache.Clear] work, with the promise of Delete: a
+// read that begins after either returned, in any process, near caches
+// included, gets no value they removed. Each costs O(1) Redis work however
+// many values it removes: every record is stamped with the prefix's tag
+// clock and its tags (a few bytes), and a read checks the stamp against the
+// versions that DeleteByTag and Clear set, which a near cache keeps in
+// memory under the same coherence as values (a near hit costs the same; a
+// DeleteByTag or Clear empties every process's memory). Without a near
+// cache, each Redis hit reads the versions too: one more round trip.
+//
+// Set it in every process of the prefix: a process without it writes
+// unstamped records, which a Clear removes and DeleteByTag cannot, and
+// reads unstamped records without checking for Clear. A stamped value lives
+// at most 30 days in Redis (the versions' memory), whatever its TTL; one
+// key per prefix, the tag clock, never expires.
+func WithTags() Option { return func(c *config) { c.tags = true } }
+
 // Per-call options: what one call changes for itself, leaving the
 // Cache's options as they are for every other call.
 
@@ -468,7 +487,7 @@ type CallOption func(*callOptions)
 // callOptions is what a call's options said; the zero value is the Cache's
 // behaviour.
 type callOptions struct {
-	ttl      ttlChoice // unset: the Cache's (see WithTTL)
+	store    storeChoice // the TTL and tags of what the call stores
 	force    bool      // load anew even if a value is cached
 	noStale  bool      // a value past its TTL is a miss for this call
 	skipNear bool      // read Redis even when the value is in memory
@@ -485,7 +504,17 @@ type callOptions struct {
 // leave the older one in place); a d under 1ms is 1ms, Redis's
 // resolution.
 func TTL(d time.Duration) CallOption {
-	return func(o *callOptions) { o.ttl = ttlChoice{d, true} }
+	return func(o *callOptions) { o.store.ttl = ttlChoice{d, true} }
+}
+
+// Tags gives the values this call stores the tags given, for
+// [Cache.DeleteByTag]: the value [Cache.Set] writes, the values the loader
+// of [Cache.GetOrLoad] or [Cache.GetOrLoadMany] returns (the loader may add
+// more with [AddTags]); a refreshed value keeps its tags. A hit ignores
+// them: a value keeps the tags it was stored with. The Cache must be made
+// [WithTags] (else the call returns [ErrNoTags]); an empty tag is an error.
+func Tags(tags ...string) CallOption {
+	return func(o *callOptions) { o.store.tags = append(o.store.tags, tags...) }
 }
 
 // ForceRefresh makes [Cache.GetOrLoad] load the key anew even if a value is

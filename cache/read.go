@@ -40,7 +40,7 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	if errors.Is(err, redis.Nil) {
 		return zero, ErrCacheMiss
 	}
-	r := c.decode(key, b, at)
+	r := c.decode(ctx, key, b, at)
 	if r == nil {
 		return zero, ErrCacheMiss
 	}

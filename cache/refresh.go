@@ -36,12 +36,13 @@ type due[V any] struct {
 // a stale value is among those started, waits up to the soft load timeout
 // for it: once for all of ds, not once per key. It returns the fresh
 // results that replace stale values, by key, and reports the stale values
-// served (EventStaleServed). ttl is the call's TTL (unset: the Cache's).
-func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[V], ttl ttlChoice) map[string]*result[V] {
+// served (EventStaleServed). store is what the call chose for the values
+// it stores; a refreshed value keeps its tags.
+func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[V], store storeChoice) map[string]*result[V] {
 	if len(ds) == 0 {
 		return nil
 	}
-	started, done := c.refreshMany(ctx, ds, load, ttl)
+	started, done := c.refreshMany(ctx, ds, load, store)
 	soft := c.cfg.softTimeout
 	wait := false
 	for _, d := range ds {
@@ -87,7 +88,7 @@ func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[
 // produced none is absent); nil when it started none. The refresh runs on
 // ctx's values without its cancellation, bounded by the load timeout;
 // [Cache.Close] waits for it.
-func (c *Cache[V]) refreshMany(ctx context.Context, ds []due[V], load loaderFunc[V], ttl ttlChoice) (started map[string]bool, done <-chan map[string]*result[V]) {
+func (c *Cache[V]) refreshMany(ctx context.Context, ds []due[V], load loaderFunc[V], store storeChoice) (started map[string]bool, done <-chan map[string]*result[V]) {
 	var mine []due[V]
 	for _, d := range ds {
 		if _, running := c.refreshing.LoadOrStore(d.key, struct{}{}); !running {
@@ -114,7 +115,7 @@ func (c *Cache[V]) refreshMany(ctx context.Context, ds []due[V], load loaderFunc
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 		defer cancel()
 		began := time.Now()
-		rs, errs := c.refreshLocked(ctx, mine, load, ttl)
+		rs, errs := c.refreshLocked(ctx, mine, load, store)
 		took := time.Since(began)
 		fresh := make(map[string]*result[V], len(mine))
 		for i, d := range mine {
@@ -156,7 +157,7 @@ func (c *Cache[V]) refreshed(key string, r *result[V], err error) {
 // another process holds its lock. A panic (none is expected: loader and
 // codec panics are already errors) releases the locks and is every key's
 // error.
-func (c *Cache[V]) refreshLocked(ctx context.Context, ds []due[V], load loaderFunc[V], ttl ttlChoice) (rs []*result[V], errs []error) {
+func (c *Cache[V]) refreshLocked(ctx context.Context, ds []due[V], load loaderFunc[V], store storeChoice) (rs []*result[V], errs []error) {
 	rs, errs = make([]*result[V], len(ds)), make([]error, len(ds))
 	held, idx := c.lockDue(ctx, ds, errs)
 	if len(held) == 0 {
@@ -178,7 +179,7 @@ func (c *Cache[V]) refreshLocked(ctx context.Context, ds []due[V], load loaderFu
 			}
 		}
 	}()
-	hrs, herrs := c.loadFor(ctx, held, load, ttl)
+	hrs, herrs := c.loadFor(ctx, held, load, store)
 	loading = false
 	for j, i := range idx {
 		rs[i], errs[i] = hrs[j], herrs[j]
@@ -213,7 +214,7 @@ func (c *Cache[V]) lockDue(ctx context.Context, ds []due[V], errs []error) (held
 		case err != nil:
 			errs[i] = fmt.Errorf("cache: redis: %w", err)
 		case n == 1:
-			k := loadKey{key: ds[i].key, name: ds[i].name, lk: lks[i], locked: locked}
+			k := loadKey{key: ds[i].key, name: ds[i].name, lk: lks[i], locked: locked, prior: ds[i].old.stamp}
 			if c.cfg.stale > 0 {
 				k.fallback = ds[i].old.data
 			}

@@ -29,11 +29,18 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return err
 	}
-	ttl := o.ttl.or(c.cfg.ttl)
+	if err := c.checkTags(o.store.tags); err != nil {
+		return err
+	}
+	ttl := o.store.ttl.or(c.cfg.ttl)
 	if ttl <= 0 { // already expired: the older value must not stay either
 		return c.delete(ctx, []string{key})
 	}
 	key, err := c.key(key)
+	if err != nil {
+		return err
+	}
+	st, err := c.stampOf(ctx, mergeTags(o.store.tags, nil))
 	if err != nil {
 		return err
 	}
@@ -43,7 +50,7 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	}
 	defer c.group.Forget(key) // later callers must not join a flight that began before the write
 	defer c.nearDrop(key)
-	rec, px := c.wrap(data, 0, ttl)
+	rec, px := c.wrap(data, 0, ttl, st)
 	keys, args := []string{key, LockKey(key)}, []any{rec, px.Milliseconds(), c.notify.Channel(key)}
 	return c.writeConfirmed(ctx, []string{key}, func(err error) errClass { return c.redisCall(key, err) },
 		func(p redis.Pipeliner) { p.Eval(ctx, setLua, keys, args...) },
@@ -171,7 +178,11 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	if !fresh {
 		return c.delete(ctx, []string{key})
 	}
-	expired := record.EncodeFresh(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load}, payload)
+	var st *record.Stamp // the value keeps its stamp: Expire does not make it current
+	if s, ok := record.ReadStamp(b); ok {
+		st = &s
+	}
+	expired := record.Build(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load}, st, payload)
 	defer c.group.Forget(full) // later callers must not join a flight that began before
 	keys, args := []string{full, LockKey(full)}, []any{b, expired, c.notify.Channel(full)}
 	return c.writeConfirmed(ctx, []string{full}, func(err error) errClass { return c.redisCall(full, err) },

@@ -42,6 +42,10 @@ type Hooks struct {
 	// ACL without it, a renamed command), once until a renewal succeeds:
 	// memory is then never served, which nothing else would show.
 	OnRefused func(error)
+	// Global reports keys that every value in memory depends on (the tag
+	// versions): their invalidation voids every read in flight and empties
+	// memory, as a drop of everything does.
+	Global func(key string) bool
 }
 
 // Tracker is the coherence side of one near cache: it tracks invalidations,
@@ -220,6 +224,10 @@ func (t *Tracker) Invalidated(tk Ticket) bool { return t.gens[tk.stripe].Load() 
 // Invalidate voids reads of key (prefix included) in flight and drops key
 // from memory.
 func (t *Tracker) Invalidate(key string) {
+	if t.hooks.Global != nil && t.hooks.Global(key) {
+		t.dropAll(false)
+		return
+	}
 	t.gens[t.stripe(key)].Add(1)
 	t.hooks.OnDrop(key, false)
 }

@@ -6,11 +6,12 @@
 //
 //	byte 0      format version (V1)
 //	byte 1      flags; the low four bits must be understood by a reader
-//	            (bit 0: not found; later, compression), the high four may be
+//	            (bit 0: not found; bit 1: stamped; later, compression), the high four may be
 //	            ignored (bit 4: the metadata holds the freshness of the value;
 //	            bit 5: a stale value kept after a failed refresh, the cache's)
 //	byte 2      n, the length of the metadata that optional flags carry
 //	bytes 3..   n bytes of metadata, skipped by readers that do not know it
+//	stamp       only with flag bit 1: the tag clock and the tags (below)
 //	the rest    the codec's bytes (empty for a not-found record)
 //
 // Freshness metadata (flag bit 4), 12 bytes, big-endian: the logical expiry
@@ -18,6 +19,11 @@
 // it longer, for stale serving and early refresh) and the duration of the
 // load that produced it, in microseconds. Readers that do not know the flag
 // skip it and treat the value as fresh until Redis expires it.
+//
+// A stamp (flag bit 1, required: a reader that ignored it could serve a
+// value that DeleteByTag or Clear removed) is uvarints: the tag clock read
+// before the value was loaded, the number of tags, then each tag's length
+// and bytes.
 //
 // A record with a newer version or an unknown required flag is unreadable,
 // which counts as a miss: an old binary reloads and overwrites rather than
@@ -38,6 +44,7 @@ import (
 const (
 	V1            byte = 1      // the format version this package writes and reads
 	FlagNotFound  byte = 1 << 0 // required: the value does not exist; no payload
+	FlagStamped   byte = 1 << 1 // required: a Stamp precedes the payload
 	FlagFreshness byte = 1 << 4 // optional: the metadata starts with a Freshness
 	// FlagThrottled (optional) marks a stale value kept after a failed
 	// refresh: its expiry is the end of the throttle, before which nobody
@@ -54,7 +61,7 @@ const (
 
 const (
 	requiredFlags byte = 0x0f // flags a reader must understand
-	knownFlags         = FlagNotFound
+	knownFlags         = FlagNotFound | FlagStamped
 )
 
 // ErrBad is what [Decode] returns for bytes that are not a record this
@@ -64,10 +71,54 @@ var ErrBad = errors.New("cache: unreadable record")
 
 // Encode prepends a header without metadata to payload.
 func Encode(flags byte, payload []byte) []byte {
-	b := make([]byte, HeaderLen+len(payload))
-	b[0], b[1], b[2] = V1, flags, 0
-	copy(b[HeaderLen:], payload)
-	return b
+	return Build(flags, Freshness{}, nil, payload)
+}
+
+// Stamp is what a record says of the tags of its value: the tag clock read
+// before the value was loaded or written, and the value's tags. A value is
+// current while no tag of it, nor the whole cache, was deleted at a later
+// clock.
+type Stamp struct {
+	Clock uint64
+	Tags  []string
+}
+
+// Build makes a record: Freshness metadata unless f is zero, a stamp
+// unless st is nil.
+func Build(flags byte, f Freshness, st *Stamp, payload []byte) []byte {
+	n := HeaderLen + len(payload)
+	if !f.Expiry.IsZero() {
+		n += FreshnessLen
+	}
+	if st != nil {
+		n += stampLen(st)
+	}
+	b := make([]byte, HeaderLen, n)
+	b[0], b[1] = V1, flags
+	if !f.Expiry.IsZero() {
+		b[1] |= FlagFreshness
+		b[2] = FreshnessLen
+		b = binary.BigEndian.AppendUint64(b, uint64(f.Expiry.UnixMilli()))
+		b = binary.BigEndian.AppendUint32(b, uint32(min(f.Load.Microseconds(), math.MaxUint32)))
+	}
+	if st != nil {
+		b[1] |= FlagStamped
+		b = binary.AppendUvarint(b, st.Clock)
+		b = binary.AppendUvarint(b, uint64(len(st.Tags)))
+		for _, t := range st.Tags {
+			b = binary.AppendUvarint(b, uint64(len(t)))
+			b = append(b, t...)
+		}
+	}
+	return append(b, payload...)
+}
+
+func stampLen(st *Stamp) int {
+	n := 2 * binary.MaxVarintLen64
+	for _, t := range st.Tags {
+		n += binary.MaxVarintLen64 + len(t)
+	}
+	return n
 }
 
 // Freshness is what a record says of its value's age.
@@ -76,14 +127,10 @@ type Freshness struct {
 	Load   time.Duration // how long the load took; stored in microseconds
 }
 
-// EncodeFresh is [Encode] with Freshness metadata; it sets [FlagFreshness].
+// EncodeFresh is [Encode] with Freshness metadata (f.Expiry must not be
+// zero); it sets [FlagFreshness].
 func EncodeFresh(flags byte, f Freshness, payload []byte) []byte {
-	b := make([]byte, HeaderLen+FreshnessLen+len(payload))
-	b[0], b[1], b[2] = V1, flags|FlagFreshness, FreshnessLen
-	binary.BigEndian.PutUint64(b[3:], uint64(f.Expiry.UnixMilli()))
-	binary.BigEndian.PutUint32(b[11:], uint32(min(f.Load.Microseconds(), math.MaxUint32)))
-	copy(b[HeaderLen+FreshnessLen:], payload)
-	return b
+	return Build(flags, f, nil, payload)
 }
 
 // ReadFreshness returns the Freshness metadata of a record that [Decode]
@@ -109,8 +156,65 @@ func Decode(b []byte) (flags byte, payload []byte, err error) {
 		return 0, nil, ErrBad
 	}
 	payload = b[start:]
+	if flags&FlagStamped != 0 {
+		n := skipStamp(payload)
+		if n < 0 {
+			return 0, nil, ErrBad
+		}
+		payload = payload[n:]
+	}
 	if flags&FlagNotFound != 0 && len(payload) != 0 {
 		return 0, nil, ErrBad
 	}
 	return flags, payload, nil
+}
+
+// ReadStamp returns the stamp of a record that [Decode] accepted; ok is
+// false when it has none.
+func ReadStamp(b []byte) (st Stamp, ok bool) {
+	if b[1]&FlagStamped == 0 {
+		return st, false
+	}
+	p := b[HeaderLen+int(b[2]):]
+	st.Clock, p, _ = uvarint(p)
+	n, p, _ := uvarint(p)
+	st.Tags = make([]string, 0, n)
+	for range n {
+		var l uint64
+		l, p, _ = uvarint(p)
+		st.Tags = append(st.Tags, string(p[:l]))
+		p = p[l:]
+	}
+	return st, true
+}
+
+// skipStamp returns the length of the stamp that begins p, or -1 when p
+// does not begin with one.
+func skipStamp(p []byte) int {
+	all := len(p)
+	_, p, ok := uvarint(p)
+	if !ok {
+		return -1
+	}
+	n, p, ok := uvarint(p)
+	if !ok || n > uint64(len(p)) { // each tag takes at least a byte
+		return -1
+	}
+	for range n {
+		var l uint64
+		if l, p, ok = uvarint(p); !ok || l > uint64(len(p)) {
+			return -1
+		}
+		p = p[l:]
+	}
+	return all - len(p)
+}
+
+// uvarint reads a uvarint off the front of p.
+func uvarint(p []byte) (uint64, []byte, bool) {
+	v, n := binary.Uvarint(p)
+	if n <= 0 {
+		return 0, p, false
+	}
+	return v, p[n:], true
 }

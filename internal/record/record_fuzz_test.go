@@ -23,6 +23,9 @@ func FuzzDecodeRecord(f *testing.F) {
 		{V1, 0x02, 0, '{', '}'},
 		{V1, 0x80, 2, 'm', 'd', '{', '}'},
 		{V1, 0x10, 9, '{', '}'},
+		{V1, FlagStamped, 0, 7, 2, 1, 'a', 2, 'b', 'c', '{', '}'},
+		{V1, FlagStamped | FlagNotFound, 0, 0, 0},
+		{V1, FlagStamped, 0, 7, 9, 1, 'a'},
 		{2, 0, 0, '"', 'v', '"'},
 		[]byte("plain value from another program"),
 	} {
@@ -44,6 +47,19 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		if flags&FlagNotFound != 0 && len(payload) != 0 {
 			t.Fatalf("Decode(%q): not-found record with a payload", b)
+		}
+		// A stamp round-trips through Build.
+		if st, ok := ReadStamp(b); ok {
+			re := Build(flags&^FlagStamped, Freshness{}, &st, payload)
+			f2, p2, err := Decode(re)
+			st2, _ := ReadStamp(re)
+			if err != nil || f2 != flags || !bytes.Equal(p2, payload) || st2.Clock != st.Clock || len(st2.Tags) != len(st.Tags) {
+				t.Fatalf("Build(Decode(%q)) = %q: %d, %q, %v", b, re, f2, p2, err)
+			}
+			if !bytes.HasSuffix(b, payload) {
+				t.Fatalf("Decode(%q): payload %q is not the tail", b, payload)
+			}
+			return
 		}
 		// Without optional flags and metadata, what the decoder accepts is
 		// exactly what the encoder writes; with them, the payload is the tail.

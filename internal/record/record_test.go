@@ -85,3 +85,32 @@ func TestDecodeSkipsOptionalMetadata(t *testing.T) {
 	assert.Zero(t, flags)
 	assert.Equal(t, `{"id":"p1"}`, string(payload))
 }
+
+func TestStampRoundTrip(t *testing.T) {
+	f := Freshness{Expiry: time.UnixMilli(1_700_000_000_123), Load: time.Millisecond}
+	for _, st := range []Stamp{{Clock: 0}, {Clock: 300, Tags: []string{"tenant:42", "", "cat{7}"}}} {
+		b := Build(0, f, &st, []byte(`{}`))
+		flags, payload, err := Decode(b)
+		require.NoError(t, err)
+		assert.Equal(t, FlagStamped, flags)
+		assert.Equal(t, `{}`, string(payload))
+		got, ok := ReadStamp(b)
+		require.True(t, ok)
+		assert.Equal(t, st.Clock, got.Clock)
+		assert.Equal(t, len(st.Tags), len(got.Tags))
+		for i := range st.Tags {
+			assert.Equal(t, st.Tags[i], got.Tags[i])
+		}
+		fr, ok := ReadFreshness(b)
+		require.True(t, ok)
+		assert.Equal(t, f.Expiry.UnixMilli(), fr.Expiry.UnixMilli())
+	}
+	nf := Build(FlagNotFound, Freshness{}, &Stamp{Clock: 9}, nil)
+	flags, _, err := Decode(nf)
+	require.NoError(t, err)
+	assert.Equal(t, FlagNotFound|FlagStamped, flags)
+	_, _, err = Decode(nf[:len(nf)-1]) // a cut stamp is not a record
+	assert.ErrorIs(t, err, ErrBad)
+	_, ok := ReadStamp(Encode(0, nil))
+	assert.False(t, ok)
+}

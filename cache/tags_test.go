@@ -1,0 +1,276 @@
+// tags_test.go checks DeleteByTag and Clear: what they remove, what they
+// keep, their promise across Caches on separate clients (processes, as far
+// as Redis can tell) with near caches, and bad input.
+
+package cache
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/internal/slot"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// source is a loader's database: a value per key, and the loads counted.
+type tagSource struct {
+	mu    sync.Mutex
+	v     map[string]int
+	loads atomic.Int64
+}
+
+func (s *tagSource) set(key string, v int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.v == nil {
+		s.v = map[string]int{}
+	}
+	s.v[key] = v
+}
+
+func (s *tagSource) loader(key string, tags ...string) func(context.Context) (product, error) {
+	return func(ctx context.Context) (product, error) {
+		s.loads.Add(1)
+		AddTags(ctx, tags...)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return product{ID: key, Price: s.v[key]}, nil
+	}
+}
+
+func TestDeleteByTagRemovesOnlyTaggedValues(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	c := New[product](rdb, WithPrefix(p), WithTags())
+	defer c.Close()
+	var src tagSource
+	for _, k := range []string{"a", "b", "c", "d"} {
+		src.set(k, 1)
+	}
+	// a: tagged by the call; b: by its loader; c: by Set; d: untagged.
+	_, err := c.GetOrLoad(ctx, "a", src.loader("a"), Tags("cat:7", "tenant:1"))
+	require.NoError(t, err)
+	_, err = c.GetOrLoad(ctx, "b", src.loader("b", "cat:7"))
+	require.NoError(t, err)
+	require.NoError(t, c.Set(ctx, "c", product{ID: "c", Price: 1}, Tags("cat:7")))
+	_, err = c.GetOrLoad(ctx, "d", src.loader("d"), Tags("cat:8"))
+	require.NoError(t, err)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		src.set(k, 2)
+	}
+
+	require.NoError(t, c.DeleteByTag(ctx, "cat:7"))
+	for _, k := range []string{"a", "b", "c"} {
+		got, err := c.GetOrLoad(ctx, k, src.loader(k))
+		require.NoError(t, err)
+		assert.Equal(t, 2, got.Price, "%s was tagged cat:7: loaded anew", k)
+	}
+	got, err := c.GetOrLoad(ctx, "d", src.loader("d"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, got.Price, "d has another tag: still cached")
+	_, err = c.Get(ctx, "a")
+	require.NoError(t, err, "the reload is cached again")
+
+	// Clear removes everything, tagged or not.
+	src.set("d", 3)
+	require.NoError(t, c.Clear(ctx))
+	_, err = c.Get(ctx, "d")
+	assert.ErrorIs(t, err, ErrCacheMiss)
+	got, err = c.GetOrLoad(ctx, "d", src.loader("d"))
+	require.NoError(t, err)
+	assert.Equal(t, 3, got.Price)
+}
+
+func TestTagsNeedWithTags(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	c := New[product](rdb, WithPrefix(p))
+	defer c.Close()
+	assert.ErrorIs(t, c.DeleteByTag(ctx, "x"), ErrNoTags)
+	assert.ErrorIs(t, c.Clear(ctx), ErrNoTags)
+	assert.ErrorIs(t, c.Set(ctx, "k", product{}, Tags("x")), ErrNoTags)
+	_, err := c.GetOrLoad(ctx, "k", (&counter{}).load, Tags("x"))
+	assert.ErrorIs(t, err, ErrNoTags)
+	_, err = c.GetOrLoadMany(ctx, []string{"k"}, func(context.Context, []string) (map[string]product, error) { return nil, nil }, Tags("x"))
+	assert.ErrorIs(t, err, ErrNoTags)
+
+	// A loader's AddTags on such a Cache: the value is returned, not stored
+	// untagged (a DeleteByTag elsewhere would miss it).
+	var added bool
+	v, err := c.GetOrLoad(ctx, "k", func(ctx context.Context) (product, error) {
+		added = AddTags(ctx, "x")
+		return product{ID: "k"}, nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "k", v.ID)
+	assert.False(t, added)
+	_, err = c.Get(ctx, "k")
+	assert.ErrorIs(t, err, ErrCacheMiss)
+
+	tc := New[product](rdb, WithPrefix(p+"t:"), WithTags())
+	defer tc.Close()
+	assert.ErrorContains(t, tc.DeleteByTag(ctx, "ok", ""), "empty tag")
+	assert.ErrorContains(t, tc.Set(ctx, "k", product{}, Tags("")), "empty tag")
+	// The version keys are not keys a caller may use.
+	_, err = tc.Get(ctx, strings.TrimPrefix(tc.tags.key(tc.cfg.prefix, "ok"), tc.cfg.prefix))
+	assert.ErrorIs(t, err, ErrReservedKey)
+	assert.False(t, AddTags(ctx, "x"), "outside a loader")
+}
+
+// A tag with braces must not make a hash tag of its own: its version lives
+// with the others, in one slot.
+func TestTagKeysShareOneSlot(t *testing.T) {
+	s := newTagState("p:")
+	want := s.key("p:", "plain")
+	for _, tag := range []string{"{x}", "a}b{", "%7B", "{"} {
+		k := s.key("p:", tag)
+		assert.True(t, s.global(k), "%q", k)
+		assert.Equal(t, keySlot(want), keySlot(k), "%q", k)
+	}
+	assert.NotEqual(t, s.key("p:", "%7B"), s.key("p:", "{"))
+	assert.Equal(t, keySlot(want), keySlot(s.clock))
+	assert.Equal(t, keySlot(want), keySlot(s.all))
+}
+
+// Two Caches on separate clients stand for two processes: a reader serving
+// a tagged value from memory, a writer deleting the tag. No read that
+// begins after DeleteByTag (or Clear) returned gets the old value, and the
+// reader served from memory before.
+func TestDeleteByTagEmptiesOtherNearCaches(t *testing.T) {
+	addr := redistest.Addr(t)
+	w := redistest.Client(t, addr)
+	p := redistest.Prefix(t, w)
+	ctx := context.Background()
+	var nearHits atomic.Int64
+	reader := New[product](redistest.Client(t, addr), WithPrefix(p), WithTags(), WithObserver(func(e Event) {
+		if e.Kind == EventNearHit {
+			nearHits.Add(1)
+		}
+	}))
+	defer reader.Close()
+	writer := New[product](w, WithPrefix(p), WithTags())
+	defer writer.Close()
+	var src tagSource
+	for round, del := range []func() error{
+		func() error { return writer.DeleteByTag(ctx, "t") },
+		func() error { return writer.Clear(ctx) },
+	} {
+		key := fmt.Sprint("k", round)
+		src.set(key, 1)
+		require.NoError(t, writer.Set(ctx, key, product{ID: key, Price: 1}, Tags("t")))
+		hits := nearHits.Load()
+		waitFor(t, func() bool {
+			v, err := reader.GetOrLoad(ctx, key, src.loader(key))
+			return err == nil && v.Price == 1 && nearHits.Load() > hits
+		})
+		src.set(key, 2)
+		require.NoError(t, del())
+		v, err := reader.GetOrLoad(ctx, key, src.loader(key))
+		require.NoError(t, err)
+		assert.Equal(t, 2, v.Price, "round %d: a read after the delete returned got the old value", round)
+	}
+}
+
+// A load that began before DeleteByTag commits after it returned: the
+// value stays in Redis, but no read that began after the delete gets it,
+// whether it joined the load's flight or read Redis afterwards.
+func TestLoadBegunBeforeDeleteByTagIsNotServedAfter(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	c := New[product](rdb, WithPrefix(p), WithTags())
+	defer c.Close()
+	inLoad, release := make(chan struct{}), make(chan struct{})
+	first := make(chan product, 1)
+	go func() {
+		v, _ := c.GetOrLoad(ctx, "k", func(ctx context.Context) (product, error) {
+			close(inLoad)
+			<-release
+			return product{ID: "k", Price: 1}, nil // read from the source before the delete
+		}, Tags("t"))
+		first <- v
+	}()
+	<-inLoad
+	require.NoError(t, c.DeleteByTag(ctx, "t"))
+	late := make(chan product, 1)
+	go func() {
+		v, _ := c.GetOrLoad(ctx, "k", func(context.Context) (product, error) {
+			return product{ID: "k", Price: 2}, nil
+		}, Tags("t"))
+		late <- v
+	}()
+	time.Sleep(20 * time.Millisecond) // let the late caller join the flight, if it can
+	close(release)
+	assert.Equal(t, 1, (<-first).Price, "the caller that began before the delete gets its load")
+	assert.Equal(t, 2, (<-late).Price, "a caller that began after the delete returned got a value loaded before it")
+	v, err := c.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 2, v.Price)
+}
+
+// A refresh keeps the tags of the value it replaces, though the caller
+// that triggers it gives none.
+func TestRefreshKeepsTags(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	c := New[product](rdb, WithPrefix(p), WithTags(), WithTTL(200*time.Millisecond), WithStale(time.Minute), WithoutNearCache())
+	defer c.Close()
+	var src tagSource
+	src.set("k", 1)
+	_, err := c.GetOrLoad(ctx, "k", src.loader("k"), Tags("t"))
+	require.NoError(t, err)
+	time.Sleep(250 * time.Millisecond) // stale now
+	src.set("k", 2)
+	waitFor(t, func() bool { // served stale while it refreshes, then the refreshed value
+		v, err := c.GetOrLoad(ctx, "k", src.loader("k"))
+		return err == nil && v.Price == 2
+	})
+	src.set("k", 3)
+	require.NoError(t, c.DeleteByTag(ctx, "t"))
+	v, err := c.GetOrLoad(ctx, "k", src.loader("k"))
+	require.NoError(t, err)
+	assert.Equal(t, 3, v.Price, "the refreshed value lost its tag")
+}
+
+// A record whose versions cannot be read is a miss, not a stale hit, and a
+// version key holding something else is reported.
+func TestUnreadableTagVersionIsAMiss(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
+	defer c.Close()
+	require.NoError(t, c.Set(ctx, "k", product{ID: "k"}, Tags("t")))
+	require.NoError(t, rdb.Set(ctx, c.tags.key(p, "t"), "garbage", time.Minute).Err())
+	_, err := c.Get(ctx, "k")
+	assert.ErrorIs(t, err, ErrCacheMiss)
+	require.NoError(t, rdb.Del(ctx, c.tags.key(p, "t")).Err())
+	_, err = c.Get(ctx, "k")
+	assert.NoError(t, err)
+}
+
+// A Cache without WithTags still honours the stamps of a Cache with it on
+// the same prefix: a tagged value deleted by tag is a miss there too.
+func TestCacheWithoutTagsHonoursStamps(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	tagged := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
+	defer tagged.Close()
+	plain := New[product](redistest.Client(t, redistest.Addr(t)), WithPrefix(p), WithoutNearCache())
+	defer plain.Close()
+	require.NoError(t, tagged.Set(ctx, "k", product{ID: "k"}, Tags("t")))
+	_, err := plain.Get(ctx, "k")
+	require.NoError(t, err)
+	require.NoError(t, tagged.DeleteByTag(ctx, "t"))
+	_, err = plain.Get(ctx, "k")
+	assert.ErrorIs(t, err, ErrCacheMiss)
+}
+
+// keySlot is a key's cluster slot.
+func keySlot(k string) uint16 { return slot.Of(k) }
+
