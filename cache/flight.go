@@ -261,7 +261,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, c.brk.err(), load, o)
 	}
 	b, err := c.redisio.Get(ctx, key)
-	var skip []byte       // bytes at key we could not decode, or must reload: a miss, to be replaced
+	var skip []byte        // bytes at key we could not decode, or must reload: a miss, to be replaced
 	var expired *result[V] // a value expired by hand: the fallback if the load fails
 	switch c.readReply(key, err) {
 	case readHit:

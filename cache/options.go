@@ -488,9 +488,9 @@ type CallOption func(*callOptions)
 // behaviour.
 type callOptions struct {
 	store    storeChoice // the TTL and tags of what the call stores
-	force    bool      // load anew even if a value is cached
-	noStale  bool      // a value past its TTL is a miss for this call
-	skipNear bool      // read Redis even when the value is in memory
+	force    bool        // load anew even if a value is cached
+	noStale  bool        // a value past its TTL is a miss for this call
+	skipNear bool        // read Redis even when the value is in memory
 }
 
 // TTL makes the value this call stores live for d (before jitter) instead

@@ -273,4 +273,3 @@ func TestCacheWithoutTagsHonoursStamps(t *testing.T) {
 
 // keySlot is a key's cluster slot.
 func keySlot(k string) uint16 { return slot.Of(k) }
-
