@@ -63,9 +63,23 @@ type nearWriter struct {
 	setTimes   []time.Duration // how long each measured Set took
 }
 
+// nearOp is how the writer replaces the value the readers hold.
+type nearOp string
+
+const (
+	opSet   nearOp = "set"   // Set the new value
+	opTag   nearOp = "tag"   // change the readers' source, then DeleteByTag the value's tag
+	opClear nearOp = "clear" // change the readers' source, then Clear
+)
+
 // invalidationRounds runs rounds of: readers warm on v<r>, the writer Sets
 // v<r>-new and says when Set returned, readers report.
 func invalidationRounds(tb testing.TB, rounds int, fault nearFault) nearWriter {
+	return replaceRounds(tb, rounds, fault, opSet)
+}
+
+// replaceRounds is invalidationRounds with the value replaced by op.
+func replaceRounds(tb testing.TB, rounds int, fault nearFault, op nearOp) nearWriter {
 	addr := redistest.Addr(tb)
 	var srv *redistest.Server
 	if fault == faultRestart || fault == faultKill { // kill: it kills every near-cache connection on its server
@@ -75,17 +89,17 @@ func invalidationRounds(tb testing.TB, rounds int, fault nearFault) nearWriter {
 	direct := newClient(tb, addr, nil)
 	p := redistest.Prefix(tb, direct)
 	var leaseWaits atomic.Int64
-	writer := cache.New[string](newClient(tb, addr, nil), cache.WithPrefix(p), cache.WithNearCache(1<<20), cache.WithNearMaxAge(nearMaxAge),
+	writer := cache.New[string](newClient(tb, addr, nil), withTagsFor(op, cache.WithPrefix(p), cache.WithNearCache(1<<20), cache.WithNearMaxAge(nearMaxAge),
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearLeaseWait {
 				leaseWaits.Add(1)
 			}
-		}))
+		}))...)
 	tb.Cleanup(func() { writer.Close() })
 	const readers = 3
 	kids := make([]*child, readers)
 	for i := range kids {
-		kids[i] = startChild(tb, "near-reader", map[string]string{"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds)})
+		kids[i] = startChild(tb, "near-reader", map[string]string{"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds), "OP": string(op)})
 	}
 	if fault == faultKill {
 		stop := make(chan struct{})
@@ -96,7 +110,7 @@ func invalidationRounds(tb testing.TB, rounds int, fault nearFault) nearWriter {
 	var out nearWriter
 	for r := range rounds {
 		key := "k" + strconv.Itoa(r)
-		setRetrying(tb, writer, key, "old")
+		replace(tb, writer, direct, op, p, key, "old")
 		for _, k := range kids {
 			k.expect(tb, "ready", 10*time.Second)
 			k.send(tb, "go "+key)
@@ -120,7 +134,7 @@ func invalidationRounds(tb testing.TB, rounds int, fault nearFault) nearWriter {
 			}
 		}
 		began := time.Now()
-		setRetrying(tb, writer, key, "new")
+		replace(tb, writer, direct, op, p, key, "new")
 		out.setTimes = append(out.setTimes, time.Since(began))
 		done := time.Now().UnixNano()
 		wait := 300 * time.Millisecond // every reader has read again since
@@ -157,14 +171,51 @@ func stopFor(fault nearFault) time.Duration {
 
 // setRetrying sets key, retrying while Redis restarts.
 func setRetrying(tb testing.TB, c *cache.Cache[string], key, v string) {
+	retrying(tb, func(ctx context.Context) error { return c.Set(ctx, key, v) })
+}
+
+// retrying runs a write until it succeeds, while Redis restarts.
+func retrying(tb testing.TB, write func(context.Context) error) {
 	var err error
 	for range 100 {
-		if err = c.Set(context.Background(), key, v); err == nil {
+		if err = write(context.Background()); err == nil {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	tb.Fatal(err)
+}
+
+// replace makes v the value of key, as op does: for "old", the value is
+// stored tagged "t"+key; for "new", DeleteByTag or Clear removes it after
+// the readers' source (sourceKey) changed, and they load v.
+func replace(tb testing.TB, c *cache.Cache[string], direct *redis.Client, op nearOp, p, key, v string) {
+	if op == opSet {
+		setRetrying(tb, c, key, v)
+		return
+	}
+	retrying(tb, func(ctx context.Context) error { return direct.Set(ctx, sourceKey(p, key), v, time.Minute).Err() })
+	switch {
+	case v == "old":
+		retrying(tb, func(ctx context.Context) error { return c.Set(ctx, key, v, cache.Tags("t"+key)) })
+	case op == opTag:
+		retrying(tb, func(ctx context.Context) error { return c.DeleteByTag(ctx, "t"+key) })
+	default:
+		retrying(tb, c.Clear)
+	}
+}
+
+// sourceKey is the readers' database row of key (of prefix p), outside
+// the cache's prefix.
+func sourceKey(p, key string) string { return "stampede-test:source:" + p + key }
+
+// withTagsFor adds WithTags to opts where op needs it: the Set runs check
+// Caches without it.
+func withTagsFor(op nearOp, opts ...cache.Option) []cache.Option {
+	if op == opSet {
+		return opts
+	}
+	return append(opts, cache.WithTags())
 }
 
 // killNearConns kills every near-cache invalidation connection on the
@@ -206,12 +257,12 @@ func runNearReaderChild(env func(string) string) int {
 	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS")})
 	defer rdb.Close()
 	var nearHits atomic.Int64
-	c := cache.New[string](rdb, cache.WithPrefix(env("PREFIX")), cache.WithNearCache(1<<20), cache.WithNearMaxAge(nearMaxAge),
+	c := cache.New[string](rdb, withTagsFor(nearOp(env("OP")), cache.WithPrefix(env("PREFIX")), cache.WithNearCache(1<<20), cache.WithNearMaxAge(nearMaxAge),
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearHit {
 				nearHits.Add(1)
 			}
-		}))
+		}))...)
 	defer c.Close()
 	rounds, _ := strconv.Atoi(env("ROUNDS"))
 	in := bufio.NewScanner(os.Stdin)
@@ -222,6 +273,9 @@ func runNearReaderChild(env func(string) string) int {
 			return 2
 		}
 		key := strings.TrimPrefix(in.Text(), "go ")
+		if nearOp(env("OP")) != opSet { // DeleteByTag and Clear remove the value: the readers load it from the source
+			load = func(ctx context.Context) (string, error) { return rdb.Get(ctx, sourceKey(env("PREFIX"), key)).Result() }
+		}
 		var (
 			stop    atomic.Bool
 			reads   atomic.Int64
@@ -335,5 +389,33 @@ func BenchmarkInvalidation(b *testing.B) {
 			b.ReportMetric(q(0.99), "set-p99-ms")
 			b.ReportMetric(float64(old)/float64(len(w.rounds)), "old-reads/op")
 		})
+	}
+}
+
+// TestTagDeleteAcrossProcesses: DeleteByTag and Clear keep the promise of
+// Set across OS processes serving from memory: no read that began after
+// either returned got the value it removed, with every process running,
+// one frozen within its lease and one frozen past it.
+func TestTagDeleteAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	for _, op := range []nearOp{opTag, opClear} {
+		for _, fault := range []nearFault{faultNone, faultStop, faultFreeze} {
+			t.Run(string(op)+"/"+string(fault), func(t *testing.T) {
+				w := replaceRounds(t, 2, fault, op)
+				var hits, old int64
+				for _, r := range w.rounds {
+					hits += r.nearHits
+					old += r.oldAfter
+				}
+				t.Logf("%d process-rounds, %d near hits, %d old reads after %s returned; %d lease waits; it took %v",
+					len(w.rounds), hits, old, op, w.leaseWaits, w.setTimes)
+				if old > 0 {
+					t.Errorf("%d reads began after %s returned and got the value it removed", old, op)
+				}
+				if hits < int64(len(w.rounds))*100 {
+					t.Errorf("only %d near hits in %d process-rounds: memory was not serving", hits, len(w.rounds))
+				}
+			})
+		}
 	}
 }
