@@ -18,6 +18,35 @@ import (
 	"github.com/stampede-go/stampede/cache"
 )
 
+// moveSlot migrates slot s and its keys from master from to master to, as
+// redis-cli --cluster reshard does.
+func (c *cluster) moveSlot(t *testing.T, s uint16, from, to, masters int) {
+	t.Helper()
+	ctx := context.Background()
+	do := func(node int, args ...any) {
+		t.Helper()
+		if err := c.rdbs[node].Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("node %d: %v: %v", node, args, err)
+		}
+	}
+	do(to, "CLUSTER", "SETSLOT", s, "IMPORTING", c.ids[from])
+	do(from, "CLUSTER", "SETSLOT", s, "MIGRATING", c.ids[to])
+	ks, err := c.rdbs[from].ClusterGetKeysInSlot(ctx, int(s), 1000).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ks) > 0 {
+		args := []any{"MIGRATE", "127.0.0.1", c.nodes[to].Port, "", 0, 5000, "KEYS"}
+		for _, k := range ks {
+			args = append(args, k)
+		}
+		do(from, args...)
+	}
+	for node := range masters {
+		do(node, "CLUSTER", "SETSLOT", s, "NODE", c.ids[to])
+	}
+}
+
 // owner is the index of the master that serves slot s in a cluster built by
 // startCluster (slots split evenly, in order).
 func (c *cluster) owner(s uint16, masters int) int {
