@@ -253,8 +253,9 @@ func (r *redislockPollInst) Get(ctx context.Context, key string, load loadFunc) 
 // (the other libraries store exactly the TTL, so this one does too) and the
 // near cache, off unless a row asks for it: "stampede" is the Redis path.
 type stampedeInst struct {
-	rdb *redis.Client
-	c   *cache.Cache[Product]
+	rdb  *redis.Client
+	c    *cache.Cache[Product]
+	call []cache.CallOption // given to every GetOrLoad
 }
 
 func openStampede(addr string, ttl time.Duration) (instance, error) {
@@ -318,7 +319,7 @@ func (s *stampedeCloneInst) Close() {
 }
 
 func (s *stampedeInst) Get(ctx context.Context, key string, load loadFunc) (Product, error) {
-	return s.c.GetOrLoad(ctx, key, load)
+	return s.c.GetOrLoad(ctx, key, load, s.call...)
 }
 
 // Close stops the cache's background work (refreshes, the notification

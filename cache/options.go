@@ -466,8 +466,9 @@ func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true 
 // Set it in every process of the prefix: a process without it writes
 // unstamped records, which a Clear removes and DeleteByTag cannot, and
 // reads unstamped records without checking for Clear. A stamped value lives
-// at most 30 days in Redis (the versions' memory), whatever its TTL; one
-// key per prefix, the tag clock, never expires.
+// at most 30 days in Redis (the versions' memory), whatever its TTL; the
+// versions and the prefix's tag clock are kept 30 days past the last
+// DeleteByTag or Clear.
 func WithTags() Option { return func(c *config) { c.tags = true } }
 
 // Per-call options: what one call changes for itself, leaving the

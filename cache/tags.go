@@ -36,7 +36,7 @@ var (
 // tagMemory is how long a version key outlives its last DeleteByTag or
 // Clear, and so the longest a stamped record may live in Redis: a record
 // stamped before the version must be gone when the version is. The clock
-// itself never expires (one key per prefix): it must never run backwards.
+// is kept as long past the last of them (see scripts/tags.lua).
 const tagMemory = 30 * 24 * time.Hour
 
 // tagMemoMax bounds the versions kept in memory; past it they are read anew.

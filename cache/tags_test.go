@@ -273,3 +273,22 @@ func TestCacheWithoutTagsHonoursStamps(t *testing.T) {
 
 // keySlot is a key's cluster slot.
 func keySlot(k string) uint16 { return slot.Of(k) }
+
+// The tag clock and versions expire 30 days after the last DeleteByTag or
+// Clear. A clock that expired must not run backwards: a value stamped
+// before the expiry is still removed by the next DeleteByTag of its tag.
+func TestTagClockDoesNotRunBackwardsAfterExpiry(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
+	defer c.Close()
+	require.NoError(t, c.DeleteByTag(ctx, "other")) // the clock is the server's time now
+	ttl, err := rdb.PTTL(ctx, c.tags.clock).Result()
+	require.NoError(t, err)
+	assert.Greater(t, ttl, 29*24*time.Hour, "the clock is kept as long as the versions")
+	require.NoError(t, c.Set(ctx, "k", product{ID: "k"}, Tags("t")))
+	require.NoError(t, rdb.Del(ctx, c.tags.clock, c.tags.key(p, "other")).Err()) // as if 30 days passed
+	require.NoError(t, c.DeleteByTag(ctx, "t"))
+	_, err = c.Get(ctx, "k")
+	assert.ErrorIs(t, err, ErrCacheMiss, "the value stamped before the clock expired survived its tag's delete")
+}

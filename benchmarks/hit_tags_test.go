@@ -1,0 +1,55 @@
+// hit_tags_test.go measures what tags cost a hit:
+// BenchmarkHitTags/near=<on|off>/tags=<off|0|3>/keys=<hot|spread10k>, where
+// tags=off is a Cache without WithTags, tags=0 one with it storing untagged
+// values (a read still checks for Clear), tags=3 values stored with three
+// tags. Compare with benchstat -col /tags.
+package benchmarks
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stampede-go/stampede/cache"
+)
+
+func BenchmarkHitTags(b *testing.B) {
+	addr := privateRedis(b)
+	for _, near := range []string{"on", "off"} {
+		for _, tags := range []string{"off", "0", "3"} {
+			b.Run("near="+near+"/tags="+tags, func(b *testing.B) {
+				prefix := "bench:tags:" + near + tags + ":" + nonce() + ":"
+				opts := []cache.Option{cache.WithPrefix(prefix)}
+				if near == "on" {
+					opts = append(opts, cache.WithNearCache(64<<20))
+				}
+				if tags != "off" {
+					opts = append(opts, cache.WithTags())
+				}
+				in, err := openStampedeWith(addr, time.Hour, opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer in.Close()
+				if tags == "3" {
+					in.call = []cache.CallOption{cache.Tags("tenant:42", "category:7", "brand:3")}
+				}
+				keys := make([]string, hitSpread)
+				for i := range keys {
+					keys[i] = strconv.Itoa(i)
+				}
+				warm(b, in, "hot", 0)
+				warmAll(b, in, keys)
+				b.Run("keys=hot", func(b *testing.B) {
+					benchHits(b, in, hitContexts[0].ctx, func(int) (string, int64) { return "hot", 0 })
+				})
+				b.Run("keys=spread10k", func(b *testing.B) {
+					benchHits(b, in, hitContexts[0].ctx, func(i int) (string, int64) {
+						i %= hitSpread
+						return keys[i], int64(i)
+					})
+				})
+			})
+		}
+	}
+}
