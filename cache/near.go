@@ -47,6 +47,7 @@ type nearConfig struct {
 	lease     time.Duration // see WithNearLease; set by validate when not given
 	leaseSet  bool
 	shared    bool
+	eventual  bool        // WithEventualNearCache: no lease, nobody waits for this process
 	writer    *nearWriter // WithoutNearCache: confirms the writes; set by validate
 }
 
@@ -65,6 +66,8 @@ func (n *nearConfig) validate() error {
 	case !n.on():
 		n.writer = &nearWriter{} // its writes still wait for the others' near caches
 		return nil
+	case n.eventual && n.maxAge <= 0:
+		return fmt.Errorf("cache: WithEventualNearCache(%v): maxAge must be positive", n.maxAge)
 	case n.set && n.maxBytes <= 0:
 		return fmt.Errorf("cache: WithNearCache(%d): maxBytes must be positive", n.maxBytes)
 	case n.maxAgeSet && n.maxAge <= 0:
@@ -174,7 +177,11 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	})
 	health := &c.share.res.health // not c: the near cache must not keep its Cache alive
 	tags := c.tags
-	n.track = coherence.New(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
+	track := coherence.New
+	if cfg.near.eventual {
+		track = coherence.NewEventual
+	}
+	n.track = track(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
 			if all {
 				tags.forget()

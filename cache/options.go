@@ -339,7 +339,8 @@ func WithLogger(l *slog.Logger) Option {
 //     Redis to each other process and back (on a cluster, one more Redis
 //     call too), measured at 3 to 7 round trips on a 2-core machine running
 //     every process (BENCHMARKS.md), and up to one lease while a process is
-//     frozen or cut off.
+//     frozen or cut off. [WithEventualNearCache] gives leases up, for
+//     prefixes written often.
 //
 // Writes by other programs (redis-cli, a script) are dropped as soon as
 // their invalidation arrives but are not waited for; nor are the values
@@ -379,6 +380,29 @@ func WithNearCache(maxBytes int64) Option {
 // nothing.
 func WithoutNearCache() Option {
 	return func(c *config) { c.near.set, c.near.off = false, true }
+}
+
+// WithEventualNearCache keeps the near cache on but only eventually
+// coherent, for prefixes written so often that waiting for every process
+// costs too much. This process holds no coherence lease, so no write, from
+// any process, waits for it; in exchange a read here may get a value that a
+// write elsewhere replaced, until that write's invalidation arrives (a
+// network hop: its lag is in BENCHMARKS.md) and never longer than maxAge
+// after the value was read from Redis (it sets [WithNearMaxAge]). This
+// process's own writes are seen at once by its own later reads.
+//
+// Its Set, Delete and Expire still wait, like every writer's, for the
+// processes of the prefix that keep the default strict near cache, so that
+// their promise holds whoever writes: where every process of the prefix
+// uses this option there is nothing to wait for, and a write costs about
+// what it costs without near caches. Default: off, the near cache is
+// strictly coherent (see [WithNearCache]). maxAge must be positive; the
+// byte budget stays [WithNearCache]'s.
+func WithEventualNearCache(maxAge time.Duration) Option {
+	return func(c *config) {
+		c.near.off, c.near.eventual = false, true
+		c.near.maxAge, c.near.maxAgeSet = maxAge, true
+	}
 }
 
 // WithNearMaxAge bounds how long a value stays in the near cache after it

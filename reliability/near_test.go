@@ -67,29 +67,51 @@ type nearWriter struct {
 type nearOp string
 
 const (
-	opSet   nearOp = "set"   // Set the new value
+	opSet   nearOp = ""      // Set the new value
 	opTag   nearOp = "tag"   // change the readers' source, then DeleteByTag the value's tag
 	opClear nearOp = "clear" // change the readers' source, then Clear
 )
 
-// invalidationRounds runs rounds of: readers warm on v<r>, the writer Sets
-// v<r>-new and says when Set returned, readers report.
-func invalidationRounds(tb testing.TB, rounds int, fault nearFault) nearWriter {
-	return replaceRounds(tb, rounds, fault, opSet)
+// nearCoherence is the near cache of a run's processes: strict (the
+// default) or, with eventual, WithEventualNearCache; either keeps values
+// nearMaxAge at most.
+func nearCoherence(eventual bool) cache.Option {
+	if eventual {
+		return cache.WithEventualNearCache(nearMaxAge)
+	}
+	return cache.WithNearMaxAge(nearMaxAge)
 }
 
-// replaceRounds is invalidationRounds with the value replaced by op.
-func replaceRounds(tb testing.TB, rounds int, fault nearFault, op nearOp) nearWriter {
+// nearRun is how a run's processes are set up: the fault of every round,
+// whether every process runs WithEventualNearCache, and how late the
+// readers hear Redis (a proxy delays its replies to them; 0: no proxy).
+type nearRun struct {
+	fault    nearFault
+	eventual bool
+	late     time.Duration
+	op       nearOp
+}
+
+// invalidationRounds runs rounds of: readers warm on v<r>, the writer Sets
+// v<r>-new and says when Set returned, readers report.
+func invalidationRounds(tb testing.TB, rounds int, run nearRun) nearWriter {
+	fault, eventual, op := run.fault, run.eventual, run.op
 	addr := redistest.Addr(tb)
 	var srv *redistest.Server
 	if fault == faultRestart || fault == faultKill { // kill: it kills every near-cache connection on its server
 		srv = redistest.PrivateServer(tb, "it restarts the server or kills its connections")
 		addr = srv.Addr
 	}
+	readerAddr := addr
+	if run.late > 0 {
+		px := newProxy(tb, addr)
+		px.add(tb, "late", "latency", "downstream", fmt.Sprintf(`{"latency":%d}`, run.late.Milliseconds()))
+		readerAddr = px.Addr()
+	}
 	direct := newClient(tb, addr, nil)
 	p := redistest.Prefix(tb, direct)
 	var leaseWaits atomic.Int64
-	writer := cache.New[string](newClient(tb, addr, nil), withTagsFor(op, cache.WithPrefix(p), cache.WithNearCache(1<<20), cache.WithNearMaxAge(nearMaxAge),
+	writer := cache.New[string](newClient(tb, addr, nil), withTagsFor(op, cache.WithPrefix(p), cache.WithNearCache(1<<20), nearCoherence(eventual),
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearLeaseWait {
 				leaseWaits.Add(1)
@@ -99,7 +121,7 @@ func replaceRounds(tb testing.TB, rounds int, fault nearFault, op nearOp) nearWr
 	const readers = 3
 	kids := make([]*child, readers)
 	for i := range kids {
-		kids[i] = startChild(tb, "near-reader", map[string]string{"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds), "OP": string(op)})
+		kids[i] = startChild(tb, "near-reader", map[string]string{"REDIS": readerAddr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds), "EVENTUAL": strconv.FormatBool(eventual), "OP": string(op)})
 	}
 	if fault == faultKill {
 		stop := make(chan struct{})
@@ -257,7 +279,8 @@ func runNearReaderChild(env func(string) string) int {
 	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS")})
 	defer rdb.Close()
 	var nearHits atomic.Int64
-	c := cache.New[string](rdb, withTagsFor(nearOp(env("OP")), cache.WithPrefix(env("PREFIX")), cache.WithNearCache(1<<20), cache.WithNearMaxAge(nearMaxAge),
+	eventual, _ := strconv.ParseBool(env("EVENTUAL"))
+	c := cache.New[string](rdb, withTagsFor(nearOp(env("OP")), cache.WithPrefix(env("PREFIX")), cache.WithNearCache(1<<20), nearCoherence(eventual),
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearHit {
 				nearHits.Add(1)
@@ -339,7 +362,7 @@ func TestNearCacheAcrossProcesses(t *testing.T) {
 				// together, after the others.
 				t.Parallel()
 			}
-			w := invalidationRounds(t, 3, fault)
+			w := invalidationRounds(t, 3, nearRun{fault: fault})
 			var hits, old int64
 			for _, r := range w.rounds {
 				hits += r.nearHits
@@ -372,22 +395,44 @@ func TestNearCacheAcrossProcesses(t *testing.T) {
 
 // BenchmarkInvalidation reports, over 4 OS processes (one writing, three
 // reading from memory), how many reads began after Set returned and still
-// got the old value (0 is the guarantee), and how long Set took.
+// got the old value (0 is the guarantee), how long Set took, and the lag:
+// per reader process and write, how long after Set returned the last read
+// that got the old value began (0 when none did). "eventual" runs every
+// process with WithEventualNearCache, whose lag is the staleness it trades
+// for writes that wait for nobody; "late" puts the readers 20ms behind a
+// proxy, as a slow link or a busy process would.
 //
 //	go test -run '^$' -bench BenchmarkInvalidation -benchtime 20x ./reliability/
 func BenchmarkInvalidation(b *testing.B) {
-	for _, fault := range []nearFault{faultNone, faultKill} {
-		b.Run(string(fault), func(b *testing.B) {
-			w := invalidationRounds(b, b.N, fault)
+	const late = 20 * time.Millisecond
+	for _, mode := range []struct {
+		name string
+		run  nearRun
+	}{
+		{"none", nearRun{fault: faultNone}},
+		{"kill", nearRun{fault: faultKill}},
+		{"late", nearRun{fault: faultNone, late: late}},
+		{"eventual", nearRun{fault: faultNone, eventual: true}},
+		{"eventual-late", nearRun{fault: faultNone, eventual: true, late: late}},
+	} {
+		b.Run(mode.name, func(b *testing.B) {
+			w := invalidationRounds(b, b.N, mode.run)
 			var old int64
+			lags := make([]time.Duration, 0, len(w.rounds))
 			for _, r := range w.rounds {
 				old += r.oldAfter
+				lags = append(lags, r.lag)
 			}
 			slices.Sort(w.setTimes)
-			q := func(f float64) float64 { return float64(w.setTimes[int(f*float64(len(w.setTimes)-1))]) / 1e6 }
-			b.ReportMetric(q(0.5), "set-p50-ms")
-			b.ReportMetric(q(0.99), "set-p99-ms")
+			slices.Sort(lags)
+			q := func(d []time.Duration, f float64) float64 { return float64(d[int(f*float64(len(d)-1))]) / 1e6 }
+			b.ReportMetric(q(w.setTimes, 0.5), "set-p50-ms")
+			b.ReportMetric(q(w.setTimes, 0.99), "set-p99-ms")
 			b.ReportMetric(float64(old)/float64(len(w.rounds)), "old-reads/op")
+			b.ReportMetric(q(lags, 0.5), "lag-p50-ms")
+			b.ReportMetric(q(lags, 0.99), "lag-p99-ms")
+			b.ReportMetric(q(lags, 1), "lag-max-ms")
+			b.ReportMetric(float64(w.leaseWaits)/float64(len(w.setTimes)), "lease-waits/op")
 		})
 	}
 }
@@ -401,7 +446,7 @@ func TestTagDeleteAcrossProcesses(t *testing.T) {
 	for _, op := range []nearOp{opTag, opClear} {
 		for _, fault := range []nearFault{faultNone, faultStop, faultFreeze} {
 			t.Run(string(op)+"/"+string(fault), func(t *testing.T) {
-				w := replaceRounds(t, 2, fault, op)
+				w := invalidationRounds(t, 2, nearRun{fault: fault, op: op})
 				var hits, old int64
 				for _, r := range w.rounds {
 					hits += r.nearHits

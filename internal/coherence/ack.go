@@ -20,8 +20,8 @@ type markSeen struct {
 // invalidation, and the write is acknowledged.
 func (t *Tracker) marked(n *node, marker string) {
 	writer, _, ok := strings.Cut(marker, ":")
-	if !ok || writer == t.id {
-		return // this process's own write dropped its copies before asking
+	if !ok || writer == t.id || t.eventual {
+		return // this process's own write dropped its copies before asking; no writer waits for an eventual one
 	}
 	t.mmu.Lock()
 	m := t.marks[marker]

@@ -66,4 +66,15 @@
 // costs only the registry's reply), kept while writes come and closed
 // some leases after the last. A write begun before that subscription was
 // confirmed publishes its marker again once it is.
+//
+// # Eventual near caches
+//
+// A near cache that chose eventual coherence ([NewEventual]) tracks
+// invalidations like any other but holds no lease and acknowledges
+// nothing: writers never wait for it, and it serves memory while it is sure
+// of its connections, old for as long as an invalidation takes to arrive
+// (bounded by the near cache's max age if one is lost unnoticed). Its own
+// writes confirm like a writer's without a near cache, so the holders of a
+// prefix keep their promise whoever writes; on a prefix where every process
+// is eventual there is no holder, and writes wait for nobody.
 package coherence

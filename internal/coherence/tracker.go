@@ -5,6 +5,7 @@ package coherence
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,6 +95,10 @@ type Tracker struct {
 	// no lease; its acknowledgements come on a subscription of its own.
 	writerOnly bool
 	sub        ackSub
+
+	// An eventual near cache (NewEventual): tracking connections, no lease,
+	// no acknowledgements.
+	eventual bool
 }
 
 // New starts the tracker of a near cache of the keys under prefix on rdb (a
@@ -107,6 +112,24 @@ func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks
 	go t.watch(ctx)
 	go t.renewLoop(ctx)
 	go t.ackLoop(ctx)
+	return t
+}
+
+// NewEventual starts the tracker of an eventually coherent near cache: its
+// invalidations are tracked as [New]'s are, but it holds no lease and
+// acknowledges no marker, so no writer waits for it, and memory may be
+// served whenever it is sure of its connections. A value replaced
+// elsewhere is dropped when its invalidation arrives; the near cache bounds
+// how long an entry is kept, the only bound left when an invalidation is
+// lost unnoticed. Its own writes ([Tracker.Write]) still wait for the
+// holders of the prefix, so that their promise holds whoever writes.
+func NewEventual(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	t, ctx := newTracker(rdb, prefix, leaseLen, hooks)
+	t.eventual = true
+	t.leaseUntil.Store(math.MaxInt64) // no lease to wait for: Serving follows the connections alone
+	t.renewNow, t.pongs = make(chan struct{}, 1), make(chan struct{}, 1)
+	t.done.Add(1)
+	go t.watch(ctx)
 	return t
 }
 
@@ -151,7 +174,9 @@ func (t *Tracker) Close() {
 	t.nodes = map[string]*node{}
 	t.mu.Unlock()
 	t.done.Wait()
-	t.resign()
+	if !t.eventual { // it never registered
+		t.resign()
+	}
 }
 
 // Serving reports whether memory may be served: the tracker is sure of its

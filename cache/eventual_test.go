@@ -1,0 +1,245 @@
+// eventual_test.go tests WithEventualNearCache: nobody waits for such a
+// process, frozen or not, whatever mode the writer has; invalidations still
+// drop its memory; the max age bounds how old a value it serves can be when
+// they do not come; its own writes still wait for the strict near caches
+// of the prefix, whose promise therefore holds.
+
+package cache
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// freezableTracking is a dialer whose tracking connections read nothing
+// while frozen is set: the process hears neither invalidations, markers nor
+// PONGs, as a frozen or cut-off process, while its other connections work.
+func freezableTracking(frozen *atomic.Bool) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		cn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &freezableConn{Conn: cn, frozen: frozen}, nil
+	}
+}
+
+type freezableConn struct {
+	net.Conn
+	frozen   *atomic.Bool
+	tracking atomic.Bool // the connection asked for CLIENT TRACKING
+}
+
+func (c *freezableConn) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("TRACKING")) {
+		c.tracking.Store(true)
+	}
+	return c.Conn.Write(b)
+}
+
+// Read holds back what it read while frozen: the receiving goroutine may
+// already be blocked in it when the freeze begins.
+func (c *freezableConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	for c.tracking.Load() && c.frozen.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	return n, err
+}
+
+// freezableNearCache is a near-cached Cache, ready, whose tracking
+// connections stop reading while frozen is set; cmds counts its client's
+// commands.
+func freezableNearCache(t *testing.T, p string, frozen *atomic.Bool, opts ...Option) (*Cache[product], *events, *cmdCounter) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Dialer: freezableTracking(frozen)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	cmds := countCommands(rdb)
+	c, ev := newNearCacheOn(t, rdb, p, opts...)
+	t.Cleanup(func() { frozen.Store(false) }) // before Close, which waits for the reading goroutines
+	return c, ev, cmds
+}
+
+// agedRegistry makes p's registry older than a lease, so that no write
+// waits out the grace of a new one.
+func agedRegistry(t *testing.T, admin *redis.Client, p string) {
+	t.Helper()
+	require.NoError(t, admin.HSet(t.Context(), coherence.RegistryKey(p), "~since", serverMillis(t, admin)-time.Minute.Milliseconds()).Err())
+}
+
+// warmNear reads key through c until c serves want from memory.
+func warmNear(t *testing.T, c *Cache[product], key, want string) {
+	t.Helper()
+	require.True(t, eventually(func() bool {
+		v, err := c.Get(t.Context(), key)
+		return err == nil && v.ID == want && nearHas(c, key)
+	}), "%q never reached memory", want)
+}
+
+// TestNothingWaitsForAnEventualNearCache: a process with an eventual near
+// cache, its tracking connections frozen, holds no lease and acknowledges
+// nothing, and no Set, Delete or Expire waits for it, whether the writer's
+// near cache is strict, eventual or off. (A strict reader frozen the same
+// way costs the writer a lease wait: TestEventualWriterWaitsForStrictReaders.)
+func TestNothingWaitsForAnEventualNearCache(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  Option
+	}{
+		{"strict writer", WithNearCache(1 << 20)},
+		{"eventual writer", WithEventualNearCache(time.Minute)},
+		{"writer without near cache", WithoutNearCache()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin, p := setup(t)
+			agedRegistry(t, admin, p)
+			var frozen atomic.Bool
+			r, _, rcmds := freezableNearCache(t, p, &frozen, WithEventualNearCache(time.Minute))
+			wev := &events{}
+			w := New[product](redistest.Client(t, redistest.Addr(t)), WithPrefix(p), WithStale(time.Minute), tc.opt, wev.option())
+			defer w.Close()
+			if w.near != nil {
+				require.True(t, eventually(func() bool { return nearReady(w) }))
+			}
+			require.NoError(t, w.Set(t.Context(), "k", product{ID: "old"}))
+			warmNear(t, r, "k", "old")
+			time.Sleep(300 * time.Millisecond) // past a renewal, had it one
+			assert.False(t, admin.HExists(t.Context(), coherence.RegistryKey(p), r.near.track.ID()).Val(), "the eventual process holds a lease")
+
+			frozen.Store(true)
+			for i := range 5 {
+				require.NoError(t, w.Set(t.Context(), "k", product{ID: strconv.Itoa(i)}))
+				require.NoError(t, w.Expire(t.Context(), "k"))
+				require.NoError(t, w.Delete(t.Context(), "k"))
+			}
+			assert.Zero(t, wev.get(EventNearLeaseWait), "writes waited out the frozen eventual process")
+			assert.Zero(t, rcmds.get("publish"), "the eventual process acknowledged writes")
+		})
+	}
+}
+
+// TestEventualWriterWaitsForStrictReaders: strict readers whose
+// invalidations come 20ms late never get the old value after an eventual
+// writer's Set or Delete returned (it waits for their acknowledgements, as
+// every writer does), and a frozen strict reader is waited out, which is
+// what keeps their promise.
+func TestEventualWriterWaitsForStrictReaders(t *testing.T) {
+	admin, p := setup(t)
+	agedRegistry(t, admin, p)
+	readers := []*Cache[product]{mixedReader(t, p), mixedReader(t, p)}
+	w, wev := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(time.Minute))
+	stale := 0
+	for i := range 20 {
+		old, next := "v"+strconv.Itoa(i), "v"+strconv.Itoa(i+1)
+		require.NoError(t, w.Set(t.Context(), "k", product{ID: old}))
+		for _, r := range readers {
+			warmNear(t, r, "k", old)
+		}
+		if i%4 == 3 {
+			require.NoError(t, w.Delete(t.Context(), "k"))
+		} else {
+			require.NoError(t, w.Set(t.Context(), "k", product{ID: next}))
+		}
+		for _, r := range readers {
+			if v, err := r.Get(t.Context(), "k"); err == nil && v.ID == old {
+				stale++
+			}
+		}
+	}
+	assert.Zero(t, stale, "strict reads that began after the eventual writer's write returned got the old value")
+	assert.Zero(t, wev.get(EventNearLeaseWait), "the eventual writer waited out a strict reader: acknowledgements did not reach it")
+
+	var frozen atomic.Bool
+	s, _, _ := freezableNearCache(t, p, &frozen)
+	require.NoError(t, w.Set(t.Context(), "f", product{ID: "old"}))
+	warmNear(t, s, "f", "old")
+	frozen.Store(true)
+	require.NoError(t, w.Set(t.Context(), "f", product{ID: "new"}))
+	assert.Equal(t, int64(1), wev.get(EventNearLeaseWait), "the eventual writer did not wait for the frozen strict reader")
+	frozen.Store(false)
+	v, err := s.Get(t.Context(), "f")
+	require.NoError(t, err)
+	assert.Equal(t, "new", v.ID, "the strict reader served the old value after the write returned")
+}
+
+// TestEventualNearCacheDropsInvalidatedValues: with a max age far longer
+// than the test, another process's writes still reach the eventual process
+// within moments: invalidations drop its memory, and it serves from memory
+// again afterwards.
+func TestEventualNearCacheDropsInvalidatedValues(t *testing.T) {
+	admin, p := setup(t)
+	agedRegistry(t, admin, p)
+	r, rev := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(time.Hour))
+	w, _ := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(time.Hour))
+	const rounds = 10
+	for i := range rounds {
+		old, next := "v"+strconv.Itoa(i), "v"+strconv.Itoa(i+1)
+		require.NoError(t, w.Set(t.Context(), "k", product{ID: old}))
+		warmNear(t, r, "k", old)
+		require.NoError(t, w.Set(t.Context(), "k", product{ID: next}))
+		warmNear(t, r, "k", next) // within eventually's 5s, an hour before the max age
+		hits := rev.get(EventNearHit)
+		_, err := r.Get(t.Context(), "k")
+		require.NoError(t, err)
+		assert.Greater(t, rev.get(EventNearHit), hits, "round %d: not served from memory", i)
+	}
+	assert.GreaterOrEqual(t, rev.get(EventNearInvalidation), int64(rounds), "memory was not dropped by invalidations")
+}
+
+// TestEventualNearCacheMaxAgeBoundsStaleness: its invalidations held back
+// (its tracking connection frozen), an eventual process serves the value a
+// write replaced, but none of its reads that begins more than the max age
+// after the write returned gets it.
+func TestEventualNearCacheMaxAgeBoundsStaleness(t *testing.T) {
+	admin, p := setup(t)
+	agedRegistry(t, admin, p)
+	const maxAge = 300 * time.Millisecond
+	var frozen atomic.Bool
+	r, _, _ := freezableNearCache(t, p, &frozen, WithEventualNearCache(maxAge))
+	w, _ := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(maxAge))
+	require.NoError(t, w.Set(t.Context(), "k", product{ID: "old"}))
+	warmNear(t, r, "k", "old")
+	frozen.Store(true)
+	require.NoError(t, w.Set(t.Context(), "k", product{ID: "new"}))
+	done := time.Now()
+	var oldReads int
+	var lastOld time.Duration
+	for time.Since(done) < 10*maxAge {
+		began := time.Since(done)
+		v, err := r.Get(t.Context(), "k")
+		require.NoError(t, err)
+		if v.ID == "new" {
+			break
+		}
+		oldReads, lastOld = oldReads+1, began
+		time.Sleep(time.Millisecond)
+	}
+	require.Positive(t, oldReads, "no old read: the invalidation was not held back, the test proves nothing")
+	assert.Less(t, lastOld, maxAge, "an old value served after the max age")
+	v, err := r.Get(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, "new", v.ID, "still old %v after the write", 10*maxAge)
+}
+
+func TestWithEventualNearCacheOptions(t *testing.T) {
+	assert.PanicsWithError(t, "cache: WithEventualNearCache(0s): maxAge must be positive", func() {
+		newConfig([]Option{WithEventualNearCache(0)})
+	})
+	c := newConfig([]Option{WithoutNearCache(), WithEventualNearCache(time.Second)})
+	assert.True(t, c.near.on() && c.near.eventual, "the option turns the near cache on")
+	assert.Equal(t, time.Second, c.near.maxAge)
+	c = newConfig(nil)
+	assert.False(t, c.near.eventual, "strict is the default")
+}
