@@ -278,10 +278,16 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	}
 	classes := c.round(b.keys, errs)
 	hits := make([]*result[V], len(b.keys))
-	for i, k := range b.keys {
+	raws := make([][]byte, len(b.keys))
+	for i := range b.keys {
 		if errs[i] == nil && !b.opts.force {
-			raw, _ := cmds[i].Bytes()
-			hits[i] = b.hit(k, c.decode(ctx, k, raw, at))
+			raws[i], _ = cmds[i].Bytes()
+		}
+	}
+	current := c.currentAll(ctx, raws)
+	for i, k := range b.keys {
+		if raws[i] != nil {
+			hits[i] = b.hit(k, c.decodeFor(k, raws[i], at, current))
 		}
 	}
 	fresh := b.refresh(ctx)

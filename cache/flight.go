@@ -429,11 +429,17 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 // too, sent to the observer as EventDecodeError and to the error hook once
 // per key (see decodeReports).
 func (c *Cache[V]) decode(ctx context.Context, key string, b []byte, at time.Time) *result[V] {
+	return c.decodeFor(key, b, at, func(st record.Stamp) (bool, error) { return c.current(ctx, st) })
+}
+
+// decodeFor is decode with the check of a record's stamp given: a batch
+// reads the versions of all its records at once.
+func (c *Cache[V]) decodeFor(key string, b []byte, at time.Time, current func(record.Stamp) (bool, error)) *result[V] {
 	flags, payload, err := record.Decode(b)
 	if err != nil {
 		return nil
 	}
-	st, ok := c.stampRead(ctx, key, b)
+	st, ok := c.stampRead(key, b, current)
 	if !ok {
 		return nil
 	}

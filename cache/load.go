@@ -113,10 +113,11 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 		held = append(held, i)
 	}
 	stored := c.endLocks(ctx, ends)
+	vouched := c.vouched(ctx, ends)
 	for j, i := range held {
 		if rs[i] != nil {
 			rs[i].at = keys[i].locked
-			if !stored[j].IsZero() && c.vouched(ctx, ends[j].stamp) {
+			if !stored[j].IsZero() && vouched[j] {
 				rs[i].at = stored[j]
 			}
 		}

@@ -149,16 +149,58 @@ func (c *Cache[V]) versions(ctx context.Context, keys []string) ([]uint64, error
 // current reports whether a record stamped st is current: neither its
 // Cache nor any of its tags deleted at a later clock.
 func (c *Cache[V]) current(ctx context.Context, st record.Stamp) (bool, error) {
-	keys := make([]string, 1, 1+len(st.Tags))
-	keys[0] = c.tags.all
-	for _, t := range st.Tags {
-		keys = append(keys, c.tags.key(c.cfg.prefix, t))
-	}
+	keys := c.versionKeys(nil, st)
 	vs, err := c.versions(ctx, keys)
 	if err != nil {
 		return false, err
 	}
 	return slices.Max(vs) <= st.Clock, nil
+}
+
+// versionKeys appends the version keys a record stamped st depends on.
+func (c *Cache[V]) versionKeys(keys []string, st record.Stamp) []string {
+	keys = append(keys, c.tags.all)
+	for _, t := range st.Tags {
+		keys = append(keys, c.tags.key(c.cfg.prefix, t))
+	}
+	return keys
+}
+
+// currentAll is current for the records of a batch (raw, nil where none),
+// with the versions of all of them read at once.
+func (c *Cache[V]) currentAll(ctx context.Context, raw [][]byte) func(record.Stamp) (bool, error) {
+	var keys []string
+	for _, b := range raw {
+		if _, _, err := record.Decode(b); err != nil {
+			continue
+		}
+		if st, ok := record.ReadStamp(b); ok || c.cfg.tags {
+			keys = c.versionKeys(keys, st)
+		}
+	}
+	if len(keys) == 0 {
+		return func(st record.Stamp) (bool, error) { return c.current(ctx, st) }
+	}
+	return c.currentOf(ctx, keys)
+}
+
+// currentOf reads the versions at keys at once and returns current for
+// records whose version keys are among them.
+func (c *Cache[V]) currentOf(ctx context.Context, keys []string) func(record.Stamp) (bool, error) {
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	vs, err := c.versions(ctx, keys)
+	return func(st record.Stamp) (bool, error) {
+		if err != nil {
+			return false, err
+		}
+		for _, k := range c.versionKeys(nil, st) {
+			if i, ok := slices.BinarySearch(keys, k); ok && vs[i] > st.Clock {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
 }
 
 // stampOf is the stamp of a value loaded or written now, with tags (nil
@@ -240,12 +282,12 @@ func (c *Cache[V]) deleteByTag(ctx context.Context, tags []string) error {
 // clock 0 (written by a process without tags: current until a Clear). A
 // version that cannot be read makes the record a miss, reported as a
 // Redis error.
-func (c *Cache[V]) stampRead(ctx context.Context, key string, b []byte) (*record.Stamp, bool) {
+func (c *Cache[V]) stampRead(key string, b []byte, current func(record.Stamp) (bool, error)) (*record.Stamp, bool) {
 	st, ok := record.ReadStamp(b)
 	if !ok && !c.cfg.tags {
 		return nil, true
 	}
-	cur, err := c.current(ctx, st)
+	cur, err := current(st)
 	if err != nil {
 		c.redisCall(key, err)
 		return nil, false
@@ -253,15 +295,28 @@ func (c *Cache[V]) stampRead(ctx context.Context, key string, b []byte) (*record
 	return &st, cur
 }
 
-// vouched reports whether a record stamped st, just committed, is still
-// current: only then does the commit vouch for the value to callers that
-// joined the load after it began. A DeleteByTag or Clear that returned
+// vouched reports, for each of ends just committed, whether its record is
+// still current: only then does the commit vouch for the value to callers
+// that joined the load after it began. A DeleteByTag or Clear that returned
 // meanwhile does not void the commit (the lock is not a tag's), so those
 // callers ask again and find the record no longer current.
-func (c *Cache[V]) vouched(ctx context.Context, st *record.Stamp) bool {
-	if st == nil {
-		return true
+func (c *Cache[V]) vouched(ctx context.Context, ends []lockEnd) []bool {
+	ok := make([]bool, len(ends))
+	var keys []string
+	for i, e := range ends {
+		ok[i] = e.stamp == nil
+		if e.stamp != nil {
+			keys = c.versionKeys(keys, *e.stamp)
+		}
 	}
-	cur, err := c.current(ctx, *st)
-	return err == nil && cur
+	if len(keys) == 0 {
+		return ok
+	}
+	current := c.currentOf(ctx, keys)
+	for i, e := range ends {
+		if e.stamp != nil {
+			ok[i], _ = current(*e.stamp)
+		}
+	}
+	return ok
 }

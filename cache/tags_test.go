@@ -292,3 +292,39 @@ func TestTagClockDoesNotRunBackwardsAfterExpiry(t *testing.T) {
 	_, err = c.Get(ctx, "k")
 	assert.ErrorIs(t, err, ErrCacheMiss, "the value stamped before the clock expired survived its tag's delete")
 }
+
+// GetOrLoadMany reads the versions of all its records in one MGET, and
+// drops the values of a deleted tag among them.
+func TestGetOrLoadManyReadsVersionsOnce(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	cmds := countCommands(rdb) // before New: hooks go on a client not yet in use
+	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
+	defer c.Close()
+	keys := make([]string, 20)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+		require.NoError(t, c.Set(ctx, keys[i], product{ID: keys[i], Price: 1}, Tags(fmt.Sprint("t", i%4))))
+	}
+	reload := func(_ context.Context, ks []string) (map[string]product, error) {
+		m := map[string]product{}
+		for _, k := range ks {
+			m[k] = product{ID: k, Price: 2}
+		}
+		return m, nil
+	}
+	require.NoError(t, c.DeleteByTag(ctx, "t0"))
+	before := cmds.get("mget")
+	got, err := c.GetOrLoadMany(ctx, keys, reload)
+	require.NoError(t, err)
+	// One for the records read, one for the clock before the load, one for
+	// the values committed: not one per tagged value.
+	assert.Equal(t, 3, cmds.get("mget")-before, "versions read once per step of the batch")
+	for i, k := range keys {
+		want := 1
+		if i%4 == 0 {
+			want = 2 // tagged t0: deleted, loaded anew
+		}
+		assert.Equal(t, want, got[k].Price, k)
+	}
+}
