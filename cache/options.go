@@ -444,11 +444,13 @@ func WithObserver(fn func(Event)) Option {
 // usually milliseconds but has no bound (a replica that stops applying its
 // master's stream serves its old copy until it resumes or is cut off;
 // reliability/replica_test.go measures it). Misses, loads and writes go to
-// masters as always, so a key is still loaded once. The near cache keeps
-// nothing then (a replica's copy may be older than the invalidations the
-// process has seen, and memory would keep it past the lag), but its process
-// still waits for the others' near caches when it writes. Default: off. It
-// changes nothing for a client that is not a cluster client.
+// masters as always, so a key is still loaded once. On a cluster client
+// the Cache then has no near cache, as with [WithoutNearCache] (a
+// replica's copy may be older than the invalidations the process has seen,
+// and memory would keep it past the lag): it holds no lease for writers to
+// wait for and opens no tracking connection, and its writes still wait for
+// the others' near caches. Default: off. It changes nothing for a client
+// that is not a cluster client.
 func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true } }
 
 // Per-call options: what one call changes for itself, leaving the
