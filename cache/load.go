@@ -59,14 +59,17 @@ type loadKey struct {
 	// fallback is the payload of a stale value being refreshed under
 	// WithStale: kept for the throttle if the load fails.
 	fallback []byte
+	// kept is the TTL the value being refreshed was stored with, when a
+	// call or a loader chose it; zero: the Cache's.
+	kept time.Duration
 }
 
 // loadFor calls load once for keys, extending their locks meanwhile, and
 // ends every lock: the value committed (fenced by the lock's token) or the
-// lock released. ttl is the call's TTL (unset: the Cache's); the loader's
-// [SetTTL] wins. Each key gets its result or its error, index-aligned with
-// keys; a result's at is when the call that vouches for it was sent (see
-// result.at).
+// lock released. ttl is the call's TTL (unset: a refreshed value's own, or
+// the Cache's; see ttlFor); the loader's [SetTTL] wins. Each key gets its
+// result or its error, index-aligned with keys; a result's at is when the
+// call that vouches for it was sent (see result.at).
 func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[V], ttl ttlChoice) ([]*result[V], []error) {
 	names := make([]string, len(keys))
 	for i, k := range keys {
@@ -147,28 +150,34 @@ func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, 
 	switch {
 	case err != nil && k.fallback != nil: // stale-if-error: keep the old value for the throttle
 		c.report(k.key, fmt.Errorf("cache: refresh of %q failed; its stale value is served for %v more: %w", k.key, c.cfg.throttle, err))
-		end.record = record.EncodeFresh(record.FlagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, k.fallback)
+		f := record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took, TTL: k.kept} // its next refresh keeps the TTL too
+		end.record = record.EncodeFresh(record.FlagThrottled, f, k.fallback)
 		end.px = addSat(c.cfg.throttle, c.cfg.stale)
 	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0,
-		r.notFound == nil && opts.ttl.or(c.cfg.ttl) <= 0:
+		r.notFound == nil && c.ttlFor(opts, k) <= 0:
 		// released: callers merged with the load get it (see DoNotCache, TTL)
 	case r.notFound != nil:
 		end.record, end.px = record.Encode(record.FlagNotFound, nil), c.cfg.notFoundTTL
 	default:
-		end.record, end.px = c.wrap(r.data, took, opts.ttl.or(c.cfg.ttl))
+		end.record, end.px = c.wrap(r.data, took, c.ttlFor(opts, k))
 	}
 	return end
 }
 
 // wrap makes the record of a value loaded in took for a TTL of ttl (before
 // jitter); px is how long Redis keeps it: the TTL plus what stale serving
-// and early refresh need past it.
+// and early refresh need past it. A TTL other than the Cache's is written
+// in the record, for the value's refreshes to keep (see ttlFor).
 func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration) (rec []byte, px time.Duration) {
+	own := time.Duration(0)
+	if ttl != c.cfg.ttl {
+		own = ttl
+	}
 	ttl = c.jittered(ttl)
 	if !c.cfg.withFreshness() {
 		return record.Encode(0, data), ttl
 	}
-	return record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, data), addSat(ttl, c.cfg.keepPast(took))
+	return record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took, TTL: own}, data), addSat(ttl, c.cfg.keepPast(took))
 }
 
 // marshal encodes v; a panicking codec becomes an error here, while the lock

@@ -480,7 +480,10 @@ type callOptions struct {
 // of the Cache's TTL (see [WithTTL]): for [Cache.Set] the value it writes,
 // for [Cache.GetOrLoad] and [Cache.GetOrLoadMany] the values their loader
 // returns (a loader's own [SetTTL] still wins: it knows the value). A hit
-// keeps the TTL it was stored with. A d computed from data may have run out
+// keeps the TTL it was stored with, and so does a refresh ([WithStale],
+// [WithEarlyRefresh]): the value it loads is stored for the TTL of the one
+// it replaces, whoever's call started it, unless that call or the loader
+// chooses one. A d computed from data may have run out
 // (TTL(time.Until(sale.Ends))): at or below zero, GetOrLoad and
 // GetOrLoadMany return what they load without storing it, and Set removes
 // the key as [Cache.Delete] does (a value already expired, which must not

@@ -36,7 +36,8 @@ type due[V any] struct {
 // a stale value is among those started, waits up to the soft load timeout
 // for it: once for all of ds, not once per key. It returns the fresh
 // results that replace stale values, by key, and reports the stale values
-// served (EventStaleServed). ttl is the call's TTL (unset: the Cache's).
+// served (EventStaleServed). ttl is the call's TTL (unset: each value's
+// own, or the Cache's).
 func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[V], ttl ttlChoice) map[string]*result[V] {
 	if len(ds) == 0 {
 		return nil
@@ -213,7 +214,7 @@ func (c *Cache[V]) lockDue(ctx context.Context, ds []due[V], errs []error) (held
 		case err != nil:
 			errs[i] = fmt.Errorf("cache: redis: %w", err)
 		case n == 1:
-			k := loadKey{key: ds[i].key, name: ds[i].name, lk: lks[i], locked: locked}
+			k := loadKey{key: ds[i].key, name: ds[i].name, lk: lks[i], locked: locked, kept: ds[i].old.fresh.TTL}
 			if c.cfg.stale > 0 {
 				k.fallback = ds[i].old.data
 			}

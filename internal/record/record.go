@@ -8,7 +8,9 @@
 //	byte 1      flags; the low four bits must be understood by a reader
 //	            (bit 0: not found; later, compression), the high four may be
 //	            ignored (bit 4: the metadata holds the freshness of the value;
-//	            bit 5: a stale value kept after a failed refresh, the cache's)
+//	            bit 5: a stale value kept after a failed refresh, the cache's;
+//	            bit 6: expired by hand; bit 7: the metadata holds the
+//	            value's own TTL)
 //	byte 2      n, the length of the metadata that optional flags carry
 //	bytes 3..   n bytes of metadata, skipped by readers that do not know it
 //	the rest    the codec's bytes (empty for a not-found record)
@@ -18,6 +20,13 @@
 // it longer, for stale serving and early refresh) and the duration of the
 // load that produced it, in microseconds. Readers that do not know the flag
 // skip it and treat the value as fresh until Redis expires it.
+//
+// TTL metadata (flag bit 7, written only with bit 4), 8 bytes right after
+// the Freshness, big-endian: the TTL in milliseconds, before jitter, that a
+// call or a loader chose for the value instead of the cache's, so that a
+// refresh stores the new value for as long. Readers that do not know the
+// flag skip it (and refresh with their own TTL); records without it, older
+// ones included, have the cache's TTL.
 //
 // A record with a newer version or an unknown required flag is unreadable,
 // which counts as a miss: an old binary reloads and overwrites rather than
@@ -47,9 +56,13 @@ const (
 	// reloaded by its next read, and kept only as the fallback of a failed
 	// load. Readers that do not know it see a stale value (its expiry is
 	// when it was expired).
-	FlagExpired  byte = 1 << 6
+	FlagExpired byte = 1 << 6
+	// FlagTTL (optional) says the metadata holds the value's own TTL after
+	// its Freshness.
+	FlagTTL      byte = 1 << 7
 	HeaderLen         = 3  // bytes before the metadata
 	FreshnessLen      = 12 // bytes of Freshness metadata
+	TTLLen            = 8  // bytes of TTL metadata
 )
 
 const (
@@ -74,15 +87,27 @@ func Encode(flags byte, payload []byte) []byte {
 type Freshness struct {
 	Expiry time.Time     // end of the TTL; zero when the record does not say
 	Load   time.Duration // how long the load took; stored in microseconds
+	// TTL is the value's own TTL (before jitter), stored in milliseconds
+	// with [FlagTTL]; zero: the cache's.
+	TTL time.Duration
 }
 
-// EncodeFresh is [Encode] with Freshness metadata; it sets [FlagFreshness].
+// EncodeFresh is [Encode] with Freshness metadata; it sets [FlagFreshness],
+// and [FlagTTL] when f.TTL is positive.
 func EncodeFresh(flags byte, f Freshness, payload []byte) []byte {
-	b := make([]byte, HeaderLen+FreshnessLen+len(payload))
-	b[0], b[1], b[2] = V1, flags|FlagFreshness, FreshnessLen
+	n := FreshnessLen
+	if f.TTL > 0 {
+		n += TTLLen
+		flags |= FlagTTL
+	}
+	b := make([]byte, HeaderLen+n+len(payload))
+	b[0], b[1], b[2] = V1, flags|FlagFreshness, byte(n)
 	binary.BigEndian.PutUint64(b[3:], uint64(f.Expiry.UnixMilli()))
 	binary.BigEndian.PutUint32(b[11:], uint32(min(f.Load.Microseconds(), math.MaxUint32)))
-	copy(b[HeaderLen+FreshnessLen:], payload)
+	if f.TTL > 0 {
+		binary.BigEndian.PutUint64(b[HeaderLen+FreshnessLen:], uint64(max(f.TTL.Milliseconds(), 1)))
+	}
+	copy(b[HeaderLen+n:], payload)
 	return b
 }
 
@@ -94,6 +119,12 @@ func ReadFreshness(b []byte) (f Freshness, ok bool) {
 	}
 	f.Expiry = time.UnixMilli(int64(binary.BigEndian.Uint64(b[3:])))
 	f.Load = time.Duration(binary.BigEndian.Uint32(b[11:])) * time.Microsecond
+	if b[1]&FlagTTL != 0 && b[2] >= FreshnessLen+TTLLen {
+		// A TTL that does not fit a Duration is not one this package wrote.
+		if ms := binary.BigEndian.Uint64(b[HeaderLen+FreshnessLen:]); ms <= math.MaxInt64/uint64(time.Millisecond) {
+			f.TTL = time.Duration(ms) * time.Millisecond
+		}
+	}
 	return f, true
 }
 
