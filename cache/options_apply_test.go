@@ -84,7 +84,7 @@ func TestRefreshKeepsTheValuesTTL(t *testing.T) {
 		c := New[product](rdb, append(base, WithEarlyRefresh(1), obs)...)
 		defer c.Close()
 		_, err := c.GetOrLoad(t.Context(), p+"k", func(ctx context.Context) (product, error) {
-			time.Sleep(20 * time.Millisecond) // a load time, for the refresh to come before the TTL ends
+			time.Sleep(50 * time.Millisecond) // a load time, for the refresh to come before the TTL ends
 			SetTTL(ctx, short)
 			return product{ID: "own"}, nil
 		})
