@@ -343,7 +343,7 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 				c.waited(key, w.start, nil)
 				k := loadKey{key: key, name: key, lk: lk, locked: at}
 				if expired != nil {
-					k.fallback, k.prior = expired.data, expired.stamp
+					k.fallback, k.prior, k.kept = expired.data, expired.stamp, expired.fresh.TTL
 				}
 				return c.loadHeld(ctx, k, load, o)
 			} else if w.start.IsZero() {

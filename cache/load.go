@@ -62,14 +62,18 @@ type loadKey struct {
 	// prior is the stamp of the value being refreshed or reloaded (nil:
 	// none): its tags stay, and it stamps the fallback.
 	prior *record.Stamp
+	// kept is the TTL the value being refreshed was stored with, when a
+	// call or a loader chose it; zero: the Cache's.
+	kept time.Duration
 }
 
 // loadFor calls load once for keys, extending their locks meanwhile, and
 // ends every lock: the value committed (fenced by the lock's token) or the
 // lock released. store is what the call chose for the values (its TTL
-// unset: the Cache's); the loader's [SetTTL] wins, its [AddTags] adds. Each key gets its result or its error, index-aligned with
-// keys; a result's at is when the call that vouches for it was sent (see
-// result.at).
+// unset: a refreshed value's own, or the Cache's; see ttlFor); the
+// loader's [SetTTL] wins, its [AddTags] adds. Each key gets its result or
+// its error, index-aligned with keys; a result's at is when the call that
+// vouches for it was sent (see result.at).
 func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[V], store storeChoice) ([]*result[V], []error) {
 	names := make([]string, len(keys))
 	for i, k := range keys {
@@ -165,15 +169,16 @@ func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, 
 		if fb == nil && c.cfg.tags {
 			fb = &record.Stamp{}
 		}
-		end.record, end.stamp = record.Build(record.FlagThrottled, record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took}, fb, k.fallback), fb
+		f := record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took, TTL: k.kept} // its next refresh keeps the TTL too
+		end.record, end.stamp = record.Build(record.FlagThrottled, f, fb, k.fallback), fb
 		end.px = addSat(c.cfg.throttle, c.cfg.stale)
 	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0,
-		r.notFound == nil && opts.ttl.or(c.cfg.ttl) <= 0:
+		r.notFound == nil && c.ttlFor(opts, k) <= 0:
 		// released: callers merged with the load get it (see DoNotCache, TTL)
 	case r.notFound != nil:
 		end.record, end.px, end.stamp = record.Build(record.FlagNotFound, record.Freshness{}, st, nil), c.cfg.notFoundTTL, st
 	default:
-		end.record, end.px = c.wrap(r.data, took, opts.ttl.or(c.cfg.ttl), st)
+		end.record, end.px = c.wrap(r.data, took, c.ttlFor(opts, k), st)
 		end.stamp = st
 	}
 	return end
@@ -190,8 +195,13 @@ func (k loadKey) priorTags() []string {
 // wrap makes the record of a value loaded in took for a TTL of ttl (before
 // jitter), stamped st (nil: not); px is how long Redis keeps it: the TTL
 // plus what stale serving and early refresh need past it, and for a stamped
-// record at most tagMemory.
+// record at most tagMemory. A TTL other than the Cache's is written in the
+// record, for the value's refreshes to keep (see ttlFor).
 func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration, st *record.Stamp) (rec []byte, px time.Duration) {
+	own := time.Duration(0)
+	if ttl != c.cfg.ttl {
+		own = ttl
+	}
 	ttl = c.jittered(ttl)
 	if st != nil {
 		ttl = min(ttl, tagMemory)
@@ -203,7 +213,7 @@ func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration, st *record.Stamp) 
 	if st != nil {
 		px = min(px, tagMemory)
 	}
-	return record.Build(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took}, st, data), px
+	return record.Build(0, record.Freshness{Expiry: time.Now().Add(ttl), Load: took, TTL: own}, st, data), px
 }
 
 // marshal encodes v; a panicking codec becomes an error here, while the lock

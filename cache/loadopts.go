@@ -37,15 +37,26 @@ func (t ttlChoice) or(def time.Duration) time.Duration {
 	return def
 }
 
+// ttlFor is the TTL of k's new value: the loader's or the call's choice,
+// else, for a refresh, the TTL its old value was stored with (a value
+// stored with TTL(d) keeps d, whoever refreshes it), else the Cache's.
+func (c *Cache[V]) ttlFor(opts *loadOptions, k loadKey) time.Duration {
+	if k.kept > 0 {
+		return opts.ttl.or(k.kept)
+	}
+	return opts.ttl.or(c.cfg.ttl)
+}
+
 // loadOptionsKey is the context key of a loader's *loadOptions.
 type loadOptionsKey struct{}
 
 // SetTTL, called by a loader with the context it was given, sets the TTL of
 // the value it is about to return, instead of the call's [TTL] or the
-// Cache's (see [WithTTL]); jitter still applies. As with [TTL], a d at or
-// below zero means the value is returned but not stored (a TTL computed
-// from data that has already run out: time.Until(sale.Ends)), and a d
-// under 1ms is 1ms, Redis's resolution. It reports whether ctx is a
+// Cache's (see [WithTTL]); jitter still applies, and refreshes of the
+// value keep d, as they keep a [TTL]'s. As with [TTL], a d at or below
+// zero means the value is returned but not stored (a TTL computed from
+// data that has already run out: time.Until(sale.Ends)), and a d under 1ms
+// is 1ms, Redis's resolution. It reports whether ctx is a
 // loader's context: false for any other, the usual slip being the
 // caller's ctx captured by the loader's closure instead of the one the
 // loader receives. (It reports rather than panics: a loader shared with

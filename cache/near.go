@@ -156,7 +156,16 @@ type near[V any] struct {
 // newNear makes c's near cache. It holds no reference to c (its callbacks
 // use a copy of the config), so that a Cache dropped without Close can be
 // collected, and its cleanup can close the near cache.
+//
+// A Cache whose reads go to replicas of a cluster could keep nothing (see
+// keep) and gets none (nil): as one made WithoutNearCache, it holds no
+// lease that writers would wait for and opens no tracking connection,
+// while its writes are still confirmed with the others' near caches.
 func newNear[V any](c *Cache[V]) *near[V] {
+	if c.cfg.replicaReads && c.cluster {
+		c.cfg.near.off, c.cfg.near.writer = true, &nearWriter{}
+		return nil
+	}
 	cfg := c.cfg
 	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix}
 	_, n.clones = any((*V)(nil)).(cloner[V])
@@ -237,12 +246,9 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	if !tk.OK() || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.Expiry.IsZero() {
 		return
 	}
-	if c.cfg.replicaReads && c.cluster {
-		// A replica's copy may be older than invalidations this process
-		// has already seen (they come from masters): kept, it would outlive
-		// the replica's lag.
-		return
-	}
+	// (Never a replica's copy, which may be older than invalidations this
+	// process has already seen, from masters: kept, it would outlive the
+	// replica's lag. Such a Cache has no near cache: see newNear.)
 	left := time.Until(r.fresh.Expiry) // a wall-clock expiry, as Redis's own
 	if c.cfg.beta > 0 {
 		left -= refreshLead(c.cfg.beta, r.fresh, r.head)
@@ -272,6 +278,9 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 }
 
 func (n *near[V]) close() {
+	if n == nil { // the cleanup of a Cache that got none (see newNear)
+		return
+	}
 	n.closeOnce.Do(func() {
 		n.track.Close()
 		n.store.InvalidateAll()

@@ -469,11 +469,13 @@ func WithObserver(fn func(Event)) Option {
 // usually milliseconds but has no bound (a replica that stops applying its
 // master's stream serves its old copy until it resumes or is cut off;
 // reliability/replica_test.go measures it). Misses, loads and writes go to
-// masters as always, so a key is still loaded once. The near cache keeps
-// nothing then (a replica's copy may be older than the invalidations the
-// process has seen, and memory would keep it past the lag), but its process
-// still waits for the others' near caches when it writes. Default: off. It
-// changes nothing for a client that is not a cluster client.
+// masters as always, so a key is still loaded once. On a cluster client
+// the Cache then has no near cache, as with [WithoutNearCache] (a
+// replica's copy may be older than the invalidations the process has seen,
+// and memory would keep it past the lag): it holds no lease for writers to
+// wait for and opens no tracking connection, and its writes still wait for
+// the others' near caches. Default: off. It changes nothing for a client
+// that is not a cluster client.
 func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true } }
 
 // WithTags lets values carry tags ([Tags], [AddTags]) and makes
@@ -522,7 +524,10 @@ type callOptions struct {
 // of the Cache's TTL (see [WithTTL]): for [Cache.Set] the value it writes,
 // for [Cache.GetOrLoad] and [Cache.GetOrLoadMany] the values their loader
 // returns (a loader's own [SetTTL] still wins: it knows the value). A hit
-// keeps the TTL it was stored with. A d computed from data may have run out
+// keeps the TTL it was stored with, and so does a refresh ([WithStale],
+// [WithEarlyRefresh]): the value it loads is stored for the TTL of the one
+// it replaces, whoever's call started it, unless that call or the loader
+// chooses one. A d computed from data may have run out
 // (TTL(time.Until(sale.Ends))): at or below zero, GetOrLoad and
 // GetOrLoadMany return what they load without storing it, and Set removes
 // the key as [Cache.Delete] does (a value already expired, which must not

@@ -37,7 +37,8 @@ type due[V any] struct {
 // for it: once for all of ds, not once per key. It returns the fresh
 // results that replace stale values, by key, and reports the stale values
 // served (EventStaleServed). store is what the call chose for the values
-// it stores; a refreshed value keeps its tags.
+// it stores (its TTL unset: each value's own, or the Cache's); a refreshed
+// value keeps its tags.
 func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[V], store storeChoice) map[string]*result[V] {
 	if len(ds) == 0 {
 		return nil
@@ -214,7 +215,7 @@ func (c *Cache[V]) lockDue(ctx context.Context, ds []due[V], errs []error) (held
 		case err != nil:
 			errs[i] = fmt.Errorf("cache: redis: %w", err)
 		case n == 1:
-			k := loadKey{key: ds[i].key, name: ds[i].name, lk: lks[i], locked: locked, prior: ds[i].old.stamp}
+			k := loadKey{key: ds[i].key, name: ds[i].name, lk: lks[i], locked: locked, prior: ds[i].old.stamp, kept: ds[i].old.fresh.TTL}
 			if c.cfg.stale > 0 {
 				k.fallback = ds[i].old.data
 			}

@@ -182,7 +182,7 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	if s, ok := record.ReadStamp(b); ok {
 		st = &s
 	}
-	expired := record.Build(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load}, st, payload)
+	expired := record.Build(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load, TTL: f.TTL}, st, payload)
 	defer c.group.Forget(full) // later callers must not join a flight that began before
 	keys, args := []string{full, LockKey(full)}, []any{b, expired, c.notify.Channel(full)}
 	return c.writeConfirmed(ctx, []string{full}, func(err error) errClass { return c.redisCall(full, err) },

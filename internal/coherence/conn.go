@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -115,6 +116,7 @@ func (t *Tracker) stopNode(n *node) {
 func (t *Tracker) receive(ctx context.Context, n *node) {
 	defer t.done.Done()
 	pinged := false
+	var backoff redialBackoff
 	for {
 		msg, err := n.sub.ReceiveTimeout(ctx, checkEvery)
 		select {
@@ -127,6 +129,7 @@ func (t *Tracker) receive(ctx context.Context, n *node) {
 		}
 		if t.apply(n, msg) {
 			pinged = false
+			backoff.reset()
 			continue
 		}
 		var nerr net.Error
@@ -144,8 +147,8 @@ func (t *Tracker) receive(ctx context.Context, n *node) {
 		}
 		t.lost(ctx, n, pinged)
 		pinged = false
-		select { // do not spin on a node that refuses
-		case <-time.After(100 * time.Millisecond):
+		select { // do not spin on a node that is down or refuses
+		case <-time.After(backoff.next()):
 		case <-n.stopped:
 			return
 		case <-ctx.Done():
@@ -153,6 +156,28 @@ func (t *Tracker) receive(ctx context.Context, n *node) {
 		}
 	}
 }
+
+// The pause of a tracking connection before it tries again after a
+// failure: a dead Redis costs a dial every redialMax, not ten a second,
+// and a Redis back costs at most redialMax more of reads not served from
+// memory.
+const (
+	redialMin = 100 * time.Millisecond
+	redialMax = 2 * time.Second
+)
+
+// redialBackoff is the pause before the next try: redialMin doubling up
+// to redialMax, drawn in its upper half so that processes cut off together
+// do not redial together. Owned by one receive loop.
+type redialBackoff struct{ d time.Duration }
+
+func (b *redialBackoff) next() time.Duration {
+	b.d = min(max(2*b.d, redialMin), redialMax)
+	return b.d/2 + rand.N(b.d/2+1)
+}
+
+// reset starts over: the connection works.
+func (b *redialBackoff) reset() { b.d = 0 }
 
 // apply handles a message received on n; it reports false for anything that
 // is not one (an error, a timeout).

@@ -8,7 +8,9 @@
 //	byte 1      flags; the low four bits must be understood by a reader
 //	            (bit 0: not found; bit 1: stamped; later, compression), the high four may be
 //	            ignored (bit 4: the metadata holds the freshness of the value;
-//	            bit 5: a stale value kept after a failed refresh, the cache's)
+//	            bit 5: a stale value kept after a failed refresh, the cache's;
+//	            bit 6: expired by hand; bit 7: the metadata holds the
+//	            value's own TTL)
 //	byte 2      n, the length of the metadata that optional flags carry
 //	bytes 3..   n bytes of metadata, skipped by readers that do not know it
 //	stamp       only with flag bit 1: the tag clock and the tags (below)
@@ -19,6 +21,13 @@
 // it longer, for stale serving and early refresh) and the duration of the
 // load that produced it, in microseconds. Readers that do not know the flag
 // skip it and treat the value as fresh until Redis expires it.
+//
+// TTL metadata (flag bit 7, written only with bit 4), 8 bytes right after
+// the Freshness, big-endian: the TTL in milliseconds, before jitter, that a
+// call or a loader chose for the value instead of the cache's, so that a
+// refresh stores the new value for as long. Readers that do not know the
+// flag skip it (and refresh with their own TTL); records without it, older
+// ones included, have the cache's TTL.
 //
 // A stamp (flag bit 1, required: a reader that ignored it could serve a
 // value that DeleteByTag or Clear removed) is uvarints: the tag clock read
@@ -54,9 +63,13 @@ const (
 	// reloaded by its next read, and kept only as the fallback of a failed
 	// load. Readers that do not know it see a stale value (its expiry is
 	// when it was expired).
-	FlagExpired  byte = 1 << 6
+	FlagExpired byte = 1 << 6
+	// FlagTTL (optional) says the metadata holds the value's own TTL after
+	// its Freshness.
+	FlagTTL      byte = 1 << 7
 	HeaderLen         = 3  // bytes before the metadata
 	FreshnessLen      = 12 // bytes of Freshness metadata
+	TTLLen            = 8  // bytes of TTL metadata
 )
 
 const (
@@ -88,7 +101,7 @@ type Stamp struct {
 func Build(flags byte, f Freshness, st *Stamp, payload []byte) []byte {
 	n := HeaderLen + len(payload)
 	if !f.Expiry.IsZero() {
-		n += FreshnessLen
+		n += FreshnessLen + TTLLen
 	}
 	if st != nil {
 		n += stampLen(st)
@@ -100,6 +113,11 @@ func Build(flags byte, f Freshness, st *Stamp, payload []byte) []byte {
 		b[2] = FreshnessLen
 		b = binary.BigEndian.AppendUint64(b, uint64(f.Expiry.UnixMilli()))
 		b = binary.BigEndian.AppendUint32(b, uint32(min(f.Load.Microseconds(), math.MaxUint32)))
+		if f.TTL > 0 {
+			b[1] |= FlagTTL
+			b[2] += TTLLen
+			b = binary.BigEndian.AppendUint64(b, uint64(max(f.TTL.Milliseconds(), 1)))
+		}
 	}
 	if st != nil {
 		b[1] |= FlagStamped
@@ -125,10 +143,13 @@ func stampLen(st *Stamp) int {
 type Freshness struct {
 	Expiry time.Time     // end of the TTL; zero when the record does not say
 	Load   time.Duration // how long the load took; stored in microseconds
+	// TTL is the value's own TTL (before jitter), stored in milliseconds
+	// with [FlagTTL]; zero: the cache's.
+	TTL time.Duration
 }
 
 // EncodeFresh is [Encode] with Freshness metadata (f.Expiry must not be
-// zero); it sets [FlagFreshness].
+// zero); it sets [FlagFreshness], and [FlagTTL] when f.TTL is positive.
 func EncodeFresh(flags byte, f Freshness, payload []byte) []byte {
 	return Build(flags, f, nil, payload)
 }
@@ -141,6 +162,12 @@ func ReadFreshness(b []byte) (f Freshness, ok bool) {
 	}
 	f.Expiry = time.UnixMilli(int64(binary.BigEndian.Uint64(b[3:])))
 	f.Load = time.Duration(binary.BigEndian.Uint32(b[11:])) * time.Microsecond
+	if b[1]&FlagTTL != 0 && b[2] >= FreshnessLen+TTLLen {
+		// A TTL that does not fit a Duration is not one this package wrote.
+		if ms := binary.BigEndian.Uint64(b[HeaderLen+FreshnessLen:]); ms <= math.MaxInt64/uint64(time.Millisecond) {
+			f.TTL = time.Duration(ms) * time.Millisecond
+		}
+	}
 	return f, true
 }
 

@@ -26,6 +26,8 @@ func FuzzDecodeRecord(f *testing.F) {
 		{V1, FlagStamped, 0, 7, 2, 1, 'a', 2, 'b', 'c', '{', '}'},
 		{V1, FlagStamped | FlagNotFound, 0, 0, 0},
 		{V1, FlagStamped, 0, 7, 9, 1, 'a'},
+		{V1, 0x90, 20, 0, 0, 1, 0x8b, 0xcf, 0xe5, 0x68, 0x00, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x03, 0xe8, '{', '}'},
+		{V1, 0x90, 20, 0, 0, 1, 0x8b, 0xcf, 0xe5, 0x68, 0x00, 0, 0, 0, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '{', '}'},
 		{2, 0, 0, '"', 'v', '"'},
 		[]byte("plain value from another program"),
 	} {
@@ -69,6 +71,11 @@ func FuzzDecodeRecord(f *testing.F) {
 			}
 		} else if !bytes.HasSuffix(b, payload) || len(b) != HeaderLen+int(b[2])+len(payload) {
 			t.Fatalf("Decode(%q): payload %q is not what follows the metadata", b, payload)
+		}
+		// Metadata of an accepted record reads without a panic, and a TTL
+		// read is one a Duration holds.
+		if fr, ok := ReadFreshness(b); ok && fr.TTL < 0 {
+			t.Fatalf("ReadFreshness(%q).TTL = %v", b, fr.TTL)
 		}
 		// And the encoder's output always decodes to its input.
 		f2, p2, err := Decode(Encode(flags, payload))

@@ -47,6 +47,39 @@ func TestFreshnessRoundTrip(t *testing.T) {
 	assert.False(t, ok, "a record without the flag has no freshness")
 }
 
+// A value's own TTL rides after its Freshness; records without it (written
+// before it existed, or with the cache's TTL) read as zero, and a reader
+// that skips the metadata still finds the payload.
+func TestTTLRoundTrip(t *testing.T) {
+	want := Freshness{Expiry: time.UnixMilli(1_700_000_000_123), Load: time.Millisecond, TTL: 90 * time.Second}
+	b := EncodeFresh(FlagThrottled, want, []byte(`{}`))
+	assert.Equal(t, FlagFreshness|FlagThrottled|FlagTTL, b[1])
+	flags, payload, err := Decode(b)
+	require.NoError(t, err)
+	assert.Zero(t, flags)
+	assert.Equal(t, `{}`, string(payload))
+	got, ok := ReadFreshness(b)
+	require.True(t, ok)
+	assert.True(t, got.Expiry.Equal(want.Expiry))
+	assert.Equal(t, want.Load, got.Load)
+	assert.Equal(t, want.TTL, got.TTL)
+
+	old := []byte{V1, FlagFreshness, FreshnessLen, 0, 0, 1, 0x8b, 0xcf, 0xe5, 0x68, 0x00, 0, 0, 0, 9, '{', '}'} // as written before the TTL
+	got, ok = ReadFreshness(old)
+	require.True(t, ok)
+	assert.Zero(t, got.TTL, "a record without FlagTTL")
+	assert.Equal(t, 9*time.Microsecond, got.Load)
+
+	short := []byte{V1, FlagFreshness | FlagTTL, FreshnessLen, 0, 0, 1, 0x8b, 0xcf, 0xe5, 0x68, 0x00, 0, 0, 0, 9, '{', '}'}
+	got, ok = ReadFreshness(short)
+	require.True(t, ok)
+	assert.Zero(t, got.TTL, "FlagTTL without its bytes")
+
+	b = EncodeFresh(0, Freshness{Expiry: want.Expiry, TTL: 0}, []byte(`{}`))
+	assert.Zero(t, b[1]&FlagTTL, "no TTL, no flag")
+	assert.Len(t, b, HeaderLen+FreshnessLen+2)
+}
+
 func TestDecodeRejects(t *testing.T) {
 	for _, tc := range []struct {
 		name string
