@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -97,4 +98,22 @@ func TestExpireWaitsForAnotherProcesssReload(t *testing.T) {
 		assert.NotPanics(t, func() { assert.NoError(t, b.Expire(t.Context(), "foreign")) })
 		assert.Zero(t, rdb.Exists(t.Context(), p+"foreign").Val(), "unreadable bytes: Expire deletes them")
 	}
+}
+
+// The reload after Expire keeps the TTL the value was stored with, as a
+// refresh does.
+func TestExpireKeepsTheValuesTTL(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	c := New[product](rdb, WithPrefix(p), WithStale(time.Minute), WithoutNearCache())
+	defer c.Close()
+	require.NoError(t, c.Set(ctx, "k", product{ID: "k"}, TTL(time.Minute)))
+	require.NoError(t, c.Expire(ctx, "k"))
+	_, err := c.GetOrLoad(ctx, "k", func(context.Context) (product, error) { return product{ID: "k", Price: 2}, nil })
+	require.NoError(t, err)
+	b, err := rdb.Get(ctx, p+"k").Bytes()
+	require.NoError(t, err)
+	f, ok := record.ReadFreshness(b)
+	require.True(t, ok)
+	assert.Equal(t, time.Minute, f.TTL, "the reload lost the value's TTL")
 }
