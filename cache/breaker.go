@@ -12,11 +12,6 @@ import (
 	"time"
 )
 
-// epoch anchors the breaker's monotonic clock.
-var epoch = time.Now()
-
-func nanotime() int64 { return int64(time.Since(epoch)) }
-
 // breaker is safe for concurrent use. The zero value with threshold 0 never
 // opens. Every Cache on one client with the same breaker settings shares
 // one (see shared.go).

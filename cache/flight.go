@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,28 +21,6 @@ var (
 	readOrLockLua    string
 	readOrLockScript = redis.NewScript(readOrLockLua)
 )
-
-// result is what one flight hands to all of its callers.
-type result[V any] struct {
-	data      []byte           // the codec's bytes; each caller decodes its own copy
-	notFound  error            // non-nil: the value does not exist; what callers get
-	err       error            // non-nil: the codec panicked reading the record; what callers get
-	v         V                // on a hit, data already decoded once...
-	hasV      bool             // ...for the first caller to take
-	taken     atomic.Bool      // whether v has been handed out
-	fresh     record.Freshness // what the record says of its age (zero: nothing)
-	head      []byte           // the record up to the payload: which write it is
-	throttled bool             // a stale value kept after a failed refresh
-	expired   bool             // expired by hand (Expire): reloaded, kept as the fallback
-	stamp     *record.Stamp    // the record's tags and tag clock (nil: none)
-	stale     bool             // served past its TTL
-	// at is when the Redis call that vouches for this result was sent: the
-	// read that found it, the commit that stored it, or for a load whose lock
-	// was lost, the lock's acquisition. A caller that began after at may
-	// have begun after a Delete in another process removed it, so it asks
-	// again rather than take it.
-	at time.Time
-}
 
 // getOrLoad is GetOrLoad with its options read.
 func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error), o callOptions) (V, error) {
@@ -129,46 +106,6 @@ func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Con
 	at := time.Now() // one clock read for both: before the GET is sent, as at must be
 	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout, at), key, load, o, at)
 }
-
-// sharedDeadline hands flights a context that ends between 3/4 of the
-// timeout and the timeout after they start, renewed every quarter timeout:
-// one timer per quarter instead of one per flight. (go-redis's own
-// timeouts do not bound everything: a new connection's handshake can wait
-// on the context alone.) It is safe for concurrent use.
-type sharedDeadline struct{ cur atomic.Pointer[deadlineCtx] }
-
-type deadlineCtx struct {
-	context.Context
-	cancel  context.CancelFunc // never called: the context ends at its deadline
-	renewAt int64              // nanotime after which flights get a newer one
-}
-
-// within returns a context with ctx's values, without its cancellation,
-// that ends within timeout.
-func (d *sharedDeadline) within(ctx context.Context, timeout time.Duration, at time.Time) context.Context {
-	now := int64(at.Sub(epoch))
-	cur := d.cur.Load()
-	if cur == nil || now >= cur.renewAt {
-		next := &deadlineCtx{renewAt: now + int64(timeout/4)}
-		next.Context, next.cancel = context.WithTimeout(context.Background(), timeout)
-		if !d.cur.CompareAndSwap(cur, next) {
-			next = d.cur.Load()
-		}
-		cur = next
-	}
-	if ctx == context.Background() || ctx == context.TODO() {
-		return cur.Context
-	}
-	return valuesOf{cur.Context, ctx}
-}
-
-// valuesOf is a deadline context with another context's values.
-type valuesOf struct {
-	context.Context
-	values context.Context
-}
-
-func (v valuesOf) Value(key any) any { return v.values.Value(key) }
 
 // value hands a flight's result to one caller.
 func (c *Cache[V]) value(r *result[V]) (V, error) {

@@ -117,7 +117,11 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 		held = append(held, i)
 	}
 	stored := c.endLocks(ctx, ends)
-	vouched := c.vouched(ctx, ends)
+	stamps := make([]*record.Stamp, len(ends))
+	for j, e := range ends {
+		stamps[j] = e.stamp
+	}
+	vouched := c.vouched(ctx, stamps)
 	for j, i := range held {
 		if rs[i] != nil {
 			rs[i].at = keys[i].locked
@@ -182,6 +186,16 @@ func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, 
 		end.stamp = st
 	}
 	return end
+}
+
+// ttlFor is the TTL of k's new value: the loader's or the call's choice,
+// else, for a refresh, the TTL its old value was stored with (a value
+// stored with TTL(d) keeps d, whoever refreshes it), else the Cache's.
+func (c *Cache[V]) ttlFor(opts *loadOptions, k loadKey) time.Duration {
+	if k.kept > 0 {
+		return opts.ttl.or(k.kept)
+	}
+	return opts.ttl.or(c.cfg.ttl)
 }
 
 // priorTags are the tags of the value k replaces.

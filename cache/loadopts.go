@@ -37,16 +37,6 @@ func (t ttlChoice) or(def time.Duration) time.Duration {
 	return def
 }
 
-// ttlFor is the TTL of k's new value: the loader's or the call's choice,
-// else, for a refresh, the TTL its old value was stored with (a value
-// stored with TTL(d) keeps d, whoever refreshes it), else the Cache's.
-func (c *Cache[V]) ttlFor(opts *loadOptions, k loadKey) time.Duration {
-	if k.kept > 0 {
-		return opts.ttl.or(k.kept)
-	}
-	return opts.ttl.or(c.cfg.ttl)
-}
-
 // loadOptionsKey is the context key of a loader's *loadOptions.
 type loadOptionsKey struct{}
 

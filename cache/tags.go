@@ -295,27 +295,27 @@ func (c *Cache[V]) stampRead(key string, b []byte, current func(record.Stamp) (b
 	return &st, cur
 }
 
-// vouched reports, for each of ends just committed, whether its record is
-// still current: only then does the commit vouch for the value to callers
+// vouched reports, for the stamps of records just committed (nil: not
+// stamped), whether each record is still current: only then does the commit vouch for the value to callers
 // that joined the load after it began. A DeleteByTag or Clear that returned
 // meanwhile does not void the commit (the lock is not a tag's), so those
 // callers ask again and find the record no longer current.
-func (c *Cache[V]) vouched(ctx context.Context, ends []lockEnd) []bool {
-	ok := make([]bool, len(ends))
+func (c *Cache[V]) vouched(ctx context.Context, stamps []*record.Stamp) []bool {
+	ok := make([]bool, len(stamps))
 	var keys []string
-	for i, e := range ends {
-		ok[i] = e.stamp == nil
-		if e.stamp != nil {
-			keys = c.versionKeys(keys, *e.stamp)
+	for i, st := range stamps {
+		ok[i] = st == nil
+		if st != nil {
+			keys = c.versionKeys(keys, *st)
 		}
 	}
 	if len(keys) == 0 {
 		return ok
 	}
 	current := c.currentOf(ctx, keys)
-	for i, e := range ends {
-		if e.stamp != nil {
-			ok[i], _ = current(*e.stamp)
+	for i, st := range stamps {
+		if st != nil {
+			ok[i], _ = current(*st)
 		}
 	}
 	return ok
