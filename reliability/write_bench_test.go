@@ -1,7 +1,9 @@
 // write_bench_test.go measures what strict coherence costs writers (issue
 // 22): Set and Delete latency with 1, 4 and 16 other OS processes holding
 // near caches of the same keys, against the same writes without near
-// caches, and with one of 4 processes frozen (SIGSTOP) for the whole run.
+// caches, and with one of 4 processes frozen (SIGSTOP) for the whole run;
+// and, in the scale rows (write_scale_bench_test.go, issue 27 item 6), what a
+// Set costs Redis as the number of processes grows.
 package reliability_test
 
 import (
@@ -11,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -30,23 +33,85 @@ const writeKeys = 10
 
 // BenchmarkWrite reports Set and Delete latency, p50 and p99 in
 // microseconds, and the same for a PING (one round trip) measured in the
-// same run, so that the cost reads in round trips:
+// same run, so that the cost reads in round trips; and what the writes cost
+// Redis: its CPU (INFO cpu) and the commands it ran (INFO commandstats, the
+// writer's PINGs left out) per write, a Set or a Delete, on a private
+// redis-server that nothing else uses:
 //
 //	go test -run '^$' -bench BenchmarkWrite -benchtime 2000x ./reliability/
 //
 // Rows: off (no near cache anywhere), procs=N (the writer and N other
 // processes with near caches), procs=4/frozen=1 (one of them SIGSTOPped
-// throughout: writes within its last lease wait for it, later ones do not).
+// throughout: writes within its last lease wait for it, later ones do
+// not). The scale/ rows are described at benchScale; the large ones run
+// only when the -bench pattern names sub-benchmarks (has a '/').
 func BenchmarkWrite(b *testing.B) {
 	b.Run("off", func(b *testing.B) { benchWrite(b, 0, false, false) })
 	for _, n := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("procs=%d", n), func(b *testing.B) { benchWrite(b, n, true, false) })
 	}
 	b.Run("procs=4/frozen=1", func(b *testing.B) { benchWrite(b, 4, true, true) })
+	for _, r := range scaleRows() {
+		b.Run(r.name(), func(b *testing.B) { benchScale(b, r) })
+	}
+}
+
+// privateRedis starts a redis-server for one row: its CPU and command
+// counters then count that row's work only, not other tests' or agents'.
+func privateRedis(b *testing.B) string {
+	return redistest.PrivateServer(b, "BenchmarkWrite reads Redis's CPU and command counters").Addr
+}
+
+// redisStats is what a Redis server has spent so far.
+type redisStats struct {
+	cpu   time.Duration // used_cpu_sys + used_cpu_user, every thread
+	calls int64         // commands run, those inside scripts included
+}
+
+// readRedisStats reads INFO cpu and commandstats. A second reading's delta
+// includes the first INFO (a command counts once it has run).
+func readRedisStats(b *testing.B, rdb *redis.Client) redisStats {
+	info, err := rdb.Info(context.Background(), "cpu", "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var s redisStats
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case k == "used_cpu_sys" || k == "used_cpu_user":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO %s: %v", line, err)
+			}
+			s.cpu += time.Duration(f * 1e9)
+		case strings.HasPrefix(k, "cmdstat_"):
+			calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+			n, err := strconv.ParseInt(calls, 10, 64)
+			if err != nil {
+				b.Fatalf("INFO %s: %v", line, err)
+			}
+			s.calls += n
+		}
+	}
+	return s
+}
+
+// reportRedisPerWrite reports Redis CPU (µs) and commands per write between
+// two readings; the INFO between them and probes (the writer's own PINGs,
+// which time a round trip and are no part of a write) are left out of the
+// commands.
+func reportRedisPerWrite(b *testing.B, before, after redisStats, writes, probes int) {
+	calls := after.calls - before.calls - 1 - int64(probes)
+	b.ReportMetric(float64(after.cpu-before.cpu)/1e3/float64(writes), "redis-cpu-us/write")
+	b.ReportMetric(float64(calls)/float64(writes), "redis-cmds/write")
 }
 
 func benchWrite(b *testing.B, procs int, near, freeze bool) {
-	addr := redistest.Addr(b)
+	addr := privateRedis(b)
 	direct := newClient(b, addr, nil)
 	p := redistest.Prefix(b, direct)
 	opts := []cache.Option{cache.WithPrefix(p)}
@@ -74,6 +139,7 @@ func benchWrite(b *testing.B, procs int, near, freeze bool) {
 	sets := make([]time.Duration, 0, b.N)
 	dels := make([]time.Duration, 0, b.N)
 	pings := make([]time.Duration, 0, b.N)
+	before := readRedisStats(b, direct)
 	b.ResetTimer()
 	for i := range b.N {
 		key := "k" + strconv.Itoa(i%writeKeys)
@@ -95,6 +161,7 @@ func benchWrite(b *testing.B, procs int, near, freeze bool) {
 		}
 	}
 	b.StopTimer()
+	reportRedisPerWrite(b, before, readRedisStats(b, direct), 2*b.N, b.N)
 	q := func(d []time.Duration, f float64) float64 {
 		slices.Sort(d)
 		return float64(d[int(f*float64(len(d)-1))]) / 1e3
