@@ -186,11 +186,12 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	})
 	health := &c.share.res.health // not c: the near cache must not keep its Cache alive
 	tags := c.tags
-	track := coherence.New
+	hub := c.share.res.nearHub() // one tracking connection per master for every Cache on the client
+	track := hub.New
 	if cfg.near.eventual {
-		track = coherence.NewEventual
+		track = hub.NewEventual
 	}
-	n.track = track(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
+	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
 			if all {
 				tags.forget()

@@ -1,8 +1,9 @@
 // shared.go holds what every Cache on one Redis client shares: the
-// notifier (one subscription per master), the circuit breakers and the
-// health state (see health.go). Five caches of different value types on
-// one client thus hold one subscribed connection per master, and an outage
-// that one of them meets opens the breaker of all of them at once.
+// notifier (one subscription per master), the near caches' tracking
+// connections (one per master, see coherence.Hub), the circuit breakers and
+// the health state (see health.go). Ten caches of different value types on
+// one client thus hold at most two subscribed connections per master, and
+// an outage that one of them meets opens the breaker of all of them at once.
 
 package cache
 
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/notify"
 )
 
@@ -32,6 +34,7 @@ type clientRes struct {
 
 	mu       sync.Mutex
 	breakers map[breakerConfig]*breaker // protected by mu
+	hub      *coherence.Hub             // the near caches' tracking connections; nil until one is made; protected by mu
 }
 
 // breakerConfig is what tells breakers apart on one client: caches with the
@@ -151,8 +154,20 @@ func (r *clientRes) breaker(bc breakerConfig) *breaker {
 	return b
 }
 
+// nearHub returns the client's tracking connections, made at the first
+// near cache: a client whose Caches keep none opens none.
+func (r *clientRes) nearHub() *coherence.Hub {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.hub == nil {
+		r.hub = coherence.NewHub(r.rdb)
+	}
+	return r.hub
+}
+
 // release gives the hold back; the last one on a client closes its
-// notifier (its subscriptions and their goroutines) and forgets the client.
+// notifier and its near caches' tracking connections (their subscriptions
+// and goroutines) and forgets the client.
 // Safe to call more than once, concurrently.
 func (s *share) release() {
 	s.once.Do(func() {
@@ -175,6 +190,12 @@ func (s *share) release() {
 		registry.mu.Unlock()
 		if last {
 			r.notify.Close()
+			r.mu.Lock()
+			hub := r.hub
+			r.mu.Unlock()
+			if hub != nil {
+				hub.Close()
+			}
 		}
 	})
 }

@@ -9,42 +9,64 @@ import (
 	"math/rand/v2"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// node is the tracking connection to one master or shard.
+// node is the tracking connection to one master or shard, shared by the
+// trackers of a hub.
 type node struct {
-	addr    string
-	client  *redis.Client
-	sub     *redis.PubSub // replaced by receive, under Tracker.mu
-	subbed  atomic.Bool   // its subscription is confirmed since the last loss
-	id      atomic.Int64  // the connection's CLIENT ID, for operators and tests
-	server  atomic.Value  // string: the run_id of the server the connection is on
-	redial  atomic.Bool   // the connection is on the wrong server: start over on a new one
-	pong    atomic.Uint64 // the last lease renewal this connection answered
-	stopped chan struct{}
+	addr      string
+	client    *redis.Client
+	sub       *redis.PubSub   // replaced by receive, under Hub.mu
+	subbed    atomic.Bool     // its invalidations' subscription is confirmed since the last loss
+	confirmed map[string]bool // the channels confirmed since the last loss; protected by Hub.mu
+	tracked   atomic.Pointer[[]string]
+	id        atomic.Int64  // the connection's CLIENT ID, for operators and tests
+	server    atomic.Value  // string: the run_id of the server the connection is on
+	redial    atomic.Bool   // the connection is on the wrong server: start over on a new one
+	restart   atomic.Bool   // a prefix it does not track was added: start over at once
+	pingMu    sync.Mutex    // orders lease PINGs as their numbers: protects pingSeq
+	pingSeq   uint64        // the last lease PING sent
+	pong      atomic.Uint64 // the last lease PING answered
+	stopped   chan struct{}
 }
 
-// channels are what every tracking connection subscribes: the markers and
-// this writer's acknowledgements before the invalidations, so that both are
-// confirmed when the tracker becomes sure.
-func (t *Tracker) channels() []string { return []string{t.markCh, t.ackCh, invalidateChannel} }
+// trackedPrefixes are the prefixes the current connection tracks (nil: none
+// yet).
+func (n *node) trackedPrefixes() []string {
+	if p := n.tracked.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// serves reports whether n delivers everything t needs: its invalidations
+// and its channels, confirmed since the last loss. Hub.mu is held.
+func (n *node) serves(t *Tracker) bool {
+	return n.subbed.Load() && n.confirmed[t.markCh] && n.confirmed[t.ackCh] && covered(t.prefix, n.trackedPrefixes())
+}
+
+// ownChannels are what t needs subscribed on every connection: the markers
+// of its prefix and its own acknowledgements.
+func (t *Tracker) ownChannels() []string { return []string{t.markCh, t.ackCh} }
 
 // startNode opens the tracking connection to one node. Tracking is enabled
 // on the connection itself, in its OnConnect, before go-redis (re)subscribes
 // it: a reconnect therefore re-enables tracking before the subscription is
 // confirmed, and the receive loop treats every loss as a drop of memory.
-func (t *Tracker) startNode(ctx context.Context, addr string, base *redis.Options) *node {
-	n := &node{addr: addr, stopped: make(chan struct{})}
+// h.mu is held.
+func (h *Hub) startNode(ctx context.Context, addr string, base *redis.Options) *node {
+	n := &node{addr: addr, stopped: make(chan struct{}), confirmed: map[string]bool{}}
 	opt := nodeOptions(base)
-	opt.OnConnect = t.onConnect(n, base.OnConnect)
+	opt.OnConnect = h.onConnect(n, base.OnConnect)
 	n.client = redis.NewClient(&opt)
-	n.sub = n.client.Subscribe(ctx, t.channels()...)
-	t.done.Add(1)
-	go t.receive(ctx, n)
+	n.sub = n.client.Subscribe(ctx, h.state.Load().channels...)
+	h.done.Add(1)
+	go h.receive(ctx, n)
 	return n
 }
 
@@ -69,10 +91,11 @@ func nodeOptions(base *redis.Options) redis.Options {
 	}
 }
 
-// onConnect is n's OnConnect: the user's, then tracking on, then which
-// server this is, since a lease renewal counts only if its script ran on a
-// server the tracking connections are on (lease.go).
-func (t *Tracker) onConnect(n *node, user func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
+// onConnect is n's OnConnect: the user's, then tracking on for the hub's
+// prefixes, then which server this is, since a lease renewal counts only if
+// its script ran on a server the tracking connections are on (lease.go).
+// It takes no lock: it runs wherever go-redis dials, register included.
+func (h *Hub) onConnect(n *node, user func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
 	return func(ctx context.Context, cn *redis.Conn) error {
 		if user != nil {
 			if err := user(ctx, cn); err != nil {
@@ -82,39 +105,52 @@ func (t *Tracker) onConnect(n *node, user func(context.Context, *redis.Conn) err
 		_ = cn.ClientSetName(ctx, ClientName).Err() // for operators only: an ACL may refuse it
 		id, err := cn.ClientID(ctx).Result()
 		if err != nil {
-			return t.refuse(fmt.Errorf("CLIENT ID: %w", err))
-		}
-		args := []any{"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST"}
-		if t.prefix != "" {
-			args = append(args, "PREFIX", t.prefix)
+			return h.refuse(fmt.Errorf("CLIENT ID: %w", err))
 		}
 		n.id.Store(id)
-		cmd := redis.NewCmd(ctx, args...) // Process, which every supported go-redis has on a *redis.Conn
-		if err := cn.Process(ctx, cmd); err != nil {
-			return t.refuse(fmt.Errorf("CLIENT TRACKING: %w", err))
+		prefixes := h.state.Load().prefixes
+		if len(prefixes) > 0 { // none: no tracker yet, nothing to hear
+			args := []any{"CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST"}
+			for _, p := range prefixes {
+				if p != "" { // the empty prefix is every key: BCAST alone
+					args = append(args, "PREFIX", p)
+				}
+			}
+			cmd := redis.NewCmd(ctx, args...) // Process, which every supported go-redis has on a *redis.Conn
+			if err := cn.Process(ctx, cmd); err != nil {
+				return h.refuse(fmt.Errorf("CLIENT TRACKING: %w", err))
+			}
 		}
+		n.tracked.Store(&prefixes)
 		info, err := cn.Info(ctx, "server").Result()
 		if err != nil {
-			return t.refuse(fmt.Errorf("INFO: %w", err))
+			return h.refuse(fmt.Errorf("INFO: %w", err))
 		}
 		n.server.Store(runID(info))
 		return nil
 	}
 }
 
-// stopNode closes n; t.mu must be held.
-func (t *Tracker) stopNode(n *node) {
+// stopNode closes n; Hub.mu must be held.
+func stopNode(n *node) {
 	close(n.stopped)
 	_ = n.sub.Close()
 	_ = n.client.Close()
+}
+
+// restart makes n start over on a new connection, which tracks the hub's
+// prefixes as they are then; Hub.mu is held.
+func restart(n *node) {
+	n.restart.Store(true)
+	_ = n.sub.Close() // the receive loop subscribes again
 }
 
 // receive applies one node's messages until the node is stopped. Any doubt
 // (an error, a silent connection) drops memory; go-redis reconnects and
 // resubscribes on the next receive, and the confirmation makes the node
 // sure again.
-func (t *Tracker) receive(ctx context.Context, n *node) {
-	defer t.done.Done()
+func (h *Hub) receive(ctx context.Context, n *node) {
+	defer h.done.Done()
 	pinged := false
 	var backoff redialBackoff
 	for {
@@ -127,7 +163,10 @@ func (t *Tracker) receive(ctx context.Context, n *node) {
 		if ctx.Err() != nil {
 			return
 		}
-		if t.apply(n, msg) {
+		h.tmu.RLock()
+		applied := h.apply(n, msg)
+		h.tmu.RUnlock()
+		if applied {
 			pinged = false
 			backoff.reset()
 			continue
@@ -142,10 +181,12 @@ func (t *Tracker) receive(ctx context.Context, n *node) {
 		case err != nil && strings.Contains(err.Error(), "unsupported pubsub message payload"):
 			// A nil payload: Redis invalidated everything (FLUSHALL or
 			// FLUSHDB). The connection is still subscribed.
-			t.dropAll(false)
+			h.dropAll(false)
 			continue
 		}
-		t.lost(ctx, n, pinged)
+		if h.lost(ctx, n, pinged) {
+			continue // started over for a new prefix: nothing failed
+		}
 		pinged = false
 		select { // do not spin on a node that is down or refuses
 		case <-time.After(backoff.next()):
@@ -180,27 +221,29 @@ func (b *redialBackoff) next() time.Duration {
 func (b *redialBackoff) reset() { b.d = 0 }
 
 // apply handles a message received on n; it reports false for anything that
-// is not one (an error, a timeout).
-func (t *Tracker) apply(n *node, msg any) bool {
+// is not one (an error, a timeout). Hub.tmu is held for reading.
+func (h *Hub) apply(n *node, msg any) bool {
 	switch m := msg.(type) {
 	case *redis.Subscription:
-		if m.Kind == "subscribe" && m.Channel == invalidateChannel {
-			t.dropAll(true) // anything written while unsubscribed was missed
-			n.subbed.Store(true)
-			t.settle()
-		}
+		h.confirm(n, m)
 	case *redis.Message:
-		switch m.Channel {
-		case t.markCh:
-			t.marked(n, m.Payload)
-		case t.ackCh:
-			t.acked(m.Payload)
-		default:
-			t.invalidated(n, append(m.PayloadSlice, m.Payload))
+		if m.Channel == invalidateChannel {
+			keys := append(m.PayloadSlice, m.Payload)
+			for _, t := range h.trackers {
+				t.invalidated(n, keys)
+			}
+			return true
+		}
+		for _, t := range h.byChan[m.Channel] {
+			if m.Channel == t.markCh {
+				t.marked(n, m.Payload)
+			} else {
+				t.acked(m.Payload)
+			}
 		}
 	case *redis.Pong:
 		if strings.HasPrefix(m.Payload, "lease:") {
-			t.pong(n, m.Payload)
+			h.pong(n, m.Payload)
 		}
 	default:
 		return false
@@ -208,13 +251,29 @@ func (t *Tracker) apply(n *node, msg any) bool {
 	return true
 }
 
-// invalidated applies a batch of invalidated keys received on n. The marker
-// keys among them count after the keys they follow.
+// confirm records a (un)subscription's confirmation on n; the invalidations'
+// drops every tracker's memory, since anything written while n was not
+// subscribed was missed. Hub.tmu is held for reading.
+func (h *Hub) confirm(n *node, m *redis.Subscription) {
+	if m.Kind == "subscribe" && m.Channel == invalidateChannel {
+		h.dropAllLocked(true)
+		n.subbed.Store(true)
+	}
+	h.mu.Lock()
+	if cur := h.nodes[n.addr]; cur == n {
+		n.confirmed[m.Channel] = m.Kind == "subscribe"
+	}
+	h.mu.Unlock()
+	h.settle()
+}
+
+// invalidated applies a batch of invalidated keys received on n: those under
+// t's prefix. The marker keys among them count after the keys they follow.
 func (t *Tracker) invalidated(n *node, keys []string) {
 	var marks []string
 	for _, k := range keys {
 		switch {
-		case k == "":
+		case k == "" || !strings.HasPrefix(k, t.prefix):
 		case strings.HasPrefix(k, t.markKeys):
 			marks = append(marks, k[len(t.markKeys):])
 		default:
@@ -226,18 +285,25 @@ func (t *Tracker) invalidated(n *node, keys []string) {
 	}
 }
 
-// lost puts n in doubt until it is subscribed again, and drops memory. A
-// connection that was silent past a ping (pinged), or is on the wrong
-// server, starts over on a new one.
-func (t *Tracker) lost(ctx context.Context, n *node, pinged bool) {
+// lost puts n in doubt until it is subscribed again, and drops every
+// tracker's memory. A connection that was silent past a ping (pinged), is
+// on the wrong server, or must track a new prefix starts over on a new one.
+// It reports whether it started over for a new prefix.
+func (h *Hub) lost(ctx context.Context, n *node, pinged bool) (restarted bool) {
+	h.mu.Lock()
 	n.subbed.Store(false)
-	t.dropAll(true)
-	if redial := n.redial.Swap(false); pinged || redial {
+	clear(n.confirmed)
+	h.mu.Unlock()
+	h.dropAll(true)
+	redial := n.redial.Swap(false)
+	restarted = n.restart.Swap(false)
+	if pinged || redial || restarted {
 		_ = n.sub.Close()
-		t.mu.Lock()
-		if cur, ok := t.nodes[n.addr]; ok && cur == n {
-			n.sub = n.client.Subscribe(ctx, t.channels()...)
+		h.mu.Lock()
+		if cur, ok := h.nodes[n.addr]; ok && cur == n {
+			n.sub = n.client.Subscribe(ctx, h.state.Load().channels...)
 		}
-		t.mu.Unlock()
+		h.mu.Unlock()
 	}
+	return restarted
 }

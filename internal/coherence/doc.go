@@ -13,11 +13,13 @@
 //
 // On every master (or Ring shard) a private RESP2 connection asks Redis for
 // client-side caching invalidations in broadcast mode (CLIENT TRACKING ON
-// REDIRECT <itself> BCAST PREFIX <prefix>) and listens on
+// REDIRECT <itself> BCAST PREFIX <p1> PREFIX <p2> ...) and listens on
 // __redis__:invalidate. Redis then reports every write of a key under the
-// prefix, by any client (this library, another program, redis-cli, an
+// prefixes, by any client (this library, another program, redis-cli, an
 // expiry or an eviction), so the key is dropped from memory in every
-// process that holds it.
+// process that holds it. The connections belong to a [Hub], one per Redis
+// client, shared by the trackers of every near cache on it: each hears the
+// invalidations under its own prefix.
 //
 // A process is sure of its invalidations only while every such connection
 // is subscribed; whenever one is lost, reconnects, or the set of masters

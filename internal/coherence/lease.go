@@ -85,11 +85,11 @@ func (t *Tracker) renew(ctx context.Context) {
 		return
 	}
 	server, _ := reply[1].(string)
-	conns := t.conns()
+	conns := t.hub.conns()
 	if !t.tracks(conns, server) { // no need to wait for PONGs from the wrong server
 		return
 	}
-	if !t.pingAll(ctx, conns) {
+	if !t.hub.pingAll(ctx, conns) {
 		return
 	}
 	if !t.tracks(conns, server) { // a connection that reconnected meanwhile may be elsewhere
@@ -100,11 +100,11 @@ func (t *Tracker) renew(ctx context.Context) {
 }
 
 // conns lists the nodes and their current subscriptions.
-func (t *Tracker) conns() []trackedConn {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	conns := make([]trackedConn, 0, len(t.nodes))
-	for _, n := range t.nodes {
+func (h *Hub) conns() []trackedConn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	conns := make([]trackedConn, 0, len(h.nodes))
+	for _, n := range h.nodes {
 		conns = append(conns, trackedConn{n, n.sub})
 	}
 	return conns
@@ -112,29 +112,42 @@ func (t *Tracker) conns() []trackedConn {
 
 // pingAll sends a renewal's PING on every connection and reports whether
 // all their PONGs came before ctx ended: then every invalidation sent
-// before the PINGs has arrived.
-func (t *Tracker) pingAll(ctx context.Context, conns []trackedConn) bool {
-	gen := t.pingGen.Add(1)
-	payload := "lease:" + strconv.FormatUint(gen, 10)
-	for _, c := range conns {
-		if !c.n.subbed.Load() || c.sub.Ping(ctx, payload) != nil {
+// before the PINGs has arrived. Each connection numbers its PINGs as it
+// sends them, so that a later number's PONG answers an earlier PING too,
+// whichever tracker sent it.
+func (h *Hub) pingAll(ctx context.Context, conns []trackedConn) bool {
+	want := make([]uint64, len(conns))
+	for i, c := range conns {
+		if !c.n.subbed.Load() || !c.n.ping(ctx, c.sub, &want[i]) {
 			return false
 		}
 	}
 	for {
+		h.pmu.Lock()
+		pongs := h.pongs
+		h.pmu.Unlock()
 		all := true
-		for _, c := range conns {
-			all = all && c.n.pong.Load() >= gen
+		for i, c := range conns {
+			all = all && c.n.pong.Load() >= want[i]
 		}
 		if all {
 			return true
 		}
 		select {
-		case <-t.pongs:
+		case <-pongs:
 		case <-ctx.Done():
 			return false
 		}
 	}
+}
+
+// ping sends a lease PING on sub, numbered in n's order, into gen.
+func (n *node) ping(ctx context.Context, sub *redis.PubSub, gen *uint64) bool {
+	n.pingMu.Lock()
+	defer n.pingMu.Unlock()
+	n.pingSeq++
+	*gen = n.pingSeq
+	return sub.Ping(ctx, "lease:"+strconv.FormatUint(*gen, 10)) == nil
 }
 
 // extend moves the lease's end to until, unless it is already later.
@@ -156,10 +169,11 @@ func (t *Tracker) extend(until int64) {
 // over through the client's dialer, which finds the client's server. (On a
 // cluster or Ring, sync finds changed masters by address.)
 func (t *Tracker) tracks(conns []trackedConn, server string) bool {
-	t.mu.Lock()
+	h := t.hub
+	h.mu.Lock()
 	for _, c := range conns {
 		if s, _ := c.n.server.Load().(string); s != "" && s == server && c.n.subbed.Load() && c.n.sub == c.sub {
-			t.mu.Unlock()
+			h.mu.Unlock()
 			return true
 		}
 	}
@@ -171,7 +185,7 @@ func (t *Tracker) tracks(conns []trackedConn, server string) bool {
 			}
 		}
 	}
-	t.mu.Unlock()
+	h.mu.Unlock()
 	t.dropAll(true)
 	return false
 }
@@ -186,8 +200,9 @@ func runID(info string) string {
 	return strings.TrimSpace(id)
 }
 
-// pong records a lease PONG from n (payload "lease:<gen>").
-func (t *Tracker) pong(n *node, payload string) {
+// pong records a lease PONG from n (payload "lease:<gen>") and wakes the
+// renewals waiting for one.
+func (h *Hub) pong(n *node, payload string) {
 	gen, err := strconv.ParseUint(payload[len("lease:"):], 10, 64)
 	if err != nil {
 		return
@@ -195,10 +210,10 @@ func (t *Tracker) pong(n *node, payload string) {
 	if gen > n.pong.Load() {
 		n.pong.Store(gen) // only n's receive loop stores it
 	}
-	select {
-	case t.pongs <- struct{}{}:
-	default:
-	}
+	h.pmu.Lock()
+	close(h.pongs)
+	h.pongs = make(chan struct{})
+	h.pmu.Unlock()
 }
 
 // resign removes this holder from the registry at Close, so that writers

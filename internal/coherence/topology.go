@@ -1,4 +1,4 @@
-// topology.go keeps one tracking connection per master (per shard on a Ring).
+// topology.go keeps one tracking connection per master (per shard on a Ring) while a hub has trackers.
 
 package coherence
 
@@ -11,82 +11,79 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// watch keeps a node per master until ctx ends (Close).
-func (t *Tracker) watch(ctx context.Context) {
-	defer t.done.Done()
+// watch keeps a node per master until ctx ends (Close), syncing every
+// checkEvery and whenever the trackers change.
+func (h *Hub) watch(ctx context.Context) {
+	defer h.done.Done()
 	tick := time.NewTicker(checkEvery)
 	defer tick.Stop()
 	for {
-		t.sync(ctx)
+		h.sync(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-h.kick:
 		}
 	}
 }
 
-// sync makes the tracked nodes the current masters; a change drops memory.
-func (t *Tracker) sync(ctx context.Context) {
-	want, err := t.masters(ctx)
-	if err != nil {
-		if t.ready.Load() {
-			t.dropAll(true)
+// sync makes the tracked nodes the current masters (none while the hub has
+// no tracker); a change drops every tracker's memory.
+func (h *Hub) sync(ctx context.Context) {
+	want := map[string]*redis.Options{}
+	if len(h.state.Load().trackers) > 0 {
+		var err error
+		if want, err = h.masters(ctx); err != nil {
+			h.tmu.RLock()
+			for _, t := range h.trackers {
+				if t.ready.Load() {
+					t.dropAll(true)
+				}
+			}
+			h.tmu.RUnlock()
+			return
 		}
-		return
 	}
-	t.mu.Lock()
-	changed := len(want) != len(t.nodes)
+	h.tmu.RLock()
+	defer h.tmu.RUnlock()
+	h.mu.Lock()
+	changed := len(want) != len(h.nodes)
 	for addr := range want {
-		if _, ok := t.nodes[addr]; !ok {
+		if _, ok := h.nodes[addr]; !ok {
 			changed = true
 		}
 	}
-	t.mu.Unlock()
+	h.mu.Unlock()
 	if changed {
 		// Before the count of connections changes: a marker counted against
 		// the old set is then acknowledged with memory already empty.
-		t.dropAll(true)
+		h.dropAllLocked(true)
 	}
-	t.mu.Lock()
+	h.mu.Lock()
 	for addr, opt := range want {
-		if _, ok := t.nodes[addr]; !ok {
-			t.nodes[addr] = t.startNode(ctx, addr, opt)
+		if _, ok := h.nodes[addr]; !ok && ctx.Err() == nil {
+			h.nodes[addr] = h.startNode(ctx, addr, opt)
 		}
 	}
-	for addr, n := range t.nodes {
+	for addr, n := range h.nodes {
 		if _, ok := want[addr]; !ok {
-			delete(t.nodes, addr)
-			t.stopNode(n)
+			delete(h.nodes, addr)
+			stopNode(n)
 		}
 	}
-	t.nnodes.Store(int32(len(t.nodes)))
-	t.mu.Unlock()
+	for _, t := range h.trackers {
+		t.nnodes.Store(int32(len(h.nodes)))
+	}
+	h.mu.Unlock()
 	if changed {
-		t.dropAll(true)
+		h.dropAllLocked(true)
 	}
-	t.settle()
+	h.settle()
 }
 
-// settle makes the tracker sure once every node is subscribed.
-func (t *Tracker) settle() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	all := len(t.nodes) > 0
-	for _, n := range t.nodes {
-		all = all && n.subbed.Load()
-	}
-	if all && !t.ready.Load() {
-		t.ready.Store(true)
-		select { // serve only once the lease is renewed over these connections
-		case t.renewNow <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// masters lists the nodes that hold the cache's keys, with their options.
-func (t *Tracker) masters(ctx context.Context) (map[string]*redis.Options, error) {
+// masters lists the nodes that hold the client's keys, with their options.
+func (h *Hub) masters(ctx context.Context) (map[string]*redis.Options, error) {
 	out := map[string]*redis.Options{}
 	var mu sync.Mutex
 	add := func(_ context.Context, c *redis.Client) error {
@@ -97,7 +94,7 @@ func (t *Tracker) masters(ctx context.Context) (map[string]*redis.Options, error
 	}
 	ctx, cancel := context.WithTimeout(ctx, checkEvery)
 	defer cancel()
-	switch r := t.rdb.(type) {
+	switch r := h.rdb.(type) {
 	case *redis.ClusterClient:
 		r.ReloadState(ctx) // in the background: the next check sees a new topology
 		return out, r.ForEachMaster(ctx, add)

@@ -64,9 +64,9 @@ type Tracker struct {
 	epoch atomic.Uint64          // every drop of everything
 	ready atomic.Bool            // every node is subscribed and nothing is in doubt
 
-	mu     sync.Mutex       // protects nodes, and each node's sub
-	nodes  map[string]*node // by address
-	nnodes atomic.Int32     // len(nodes)
+	hub    *Hub         // its tracking connections, shared with the other trackers of its client
+	ownHub bool         // made by New or NewEventual: Close closes it
+	nnodes atomic.Int32 // the hub's connections, as many as a marker must come on
 	stop   context.CancelFunc
 	done   sync.WaitGroup
 
@@ -78,8 +78,6 @@ type Tracker struct {
 	lease      time.Duration // the coherence lease
 	leaseUntil atomic.Int64  // nanotime until which memory may be served
 	renewNow   chan struct{} // the tracker became ready: renew at once
-	pingGen    atomic.Uint64 // the last renewal's number, sent in its PINGs
-	pongs      chan struct{} // a renewal's PONG came
 	refused    atomic.Bool   // a refusal was reported, and no renewal succeeded since
 	mmu        sync.Mutex    // protects marks
 	marks      map[string]*markSeen
@@ -103,15 +101,26 @@ type Tracker struct {
 
 // New starts the tracker of a near cache of the keys under prefix on rdb (a
 // *redis.Client, *redis.ClusterClient or *redis.Ring), with a coherence
-// lease of leaseLen. Memory may be served once [Tracker.Serving] says so.
-// Close ends its connections and goroutines.
+// lease of leaseLen, on tracking connections of its own. Memory may be
+// served once [Tracker.Serving] says so. Close ends its connections and
+// goroutines. [Hub.New] shares the connections of a client instead.
 func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
-	t, ctx := newTracker(rdb, prefix, leaseLen, hooks)
-	t.renewNow, t.pongs, t.acks = make(chan struct{}, 1), make(chan struct{}, 1), make(chan string, 4096)
-	t.done.Add(3)
-	go t.watch(ctx)
+	t := NewHub(rdb).New(prefix, leaseLen, hooks)
+	t.ownHub = true
+	return t
+}
+
+// New starts the tracker of a near cache of the keys under prefix on the
+// hub's client, as [New] does, on the hub's tracking connections. Close the
+// tracker before the hub.
+func (h *Hub) New(prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	t, ctx := newTracker(h.rdb, prefix, leaseLen, hooks)
+	t.hub = h
+	t.renewNow, t.acks = make(chan struct{}, 1), make(chan string, 4096)
+	t.done.Add(2)
 	go t.renewLoop(ctx)
 	go t.ackLoop(ctx)
+	h.register(t)
 	return t
 }
 
@@ -124,12 +133,19 @@ func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks
 // lost unnoticed. Its own writes ([Tracker.Write]) still wait for the
 // holders of the prefix, so that their promise holds whoever writes.
 func NewEventual(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
-	t, ctx := newTracker(rdb, prefix, leaseLen, hooks)
+	t := NewHub(rdb).NewEventual(prefix, leaseLen, hooks)
+	t.ownHub = true
+	return t
+}
+
+// NewEventual is [NewEventual] on the hub's tracking connections.
+func (h *Hub) NewEventual(prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	t, _ := newTracker(h.rdb, prefix, leaseLen, hooks)
+	t.hub = h
 	t.eventual = true
 	t.leaseUntil.Store(math.MaxInt64) // no lease to wait for: Serving follows the connections alone
-	t.renewNow, t.pongs = make(chan struct{}, 1), make(chan struct{}, 1)
-	t.done.Add(1)
-	go t.watch(ctx)
+	t.renewNow = make(chan struct{}, 1)
+	h.register(t)
 	return t
 }
 
@@ -147,7 +163,7 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Tracker{
-		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), hooks: hooks, nodes: map[string]*node{}, stop: cancel,
+		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), hooks: hooks, stop: cancel,
 		id: token.NewToken(), registry: RegistryKey(prefix), markCh: markChannel(prefix), markKeys: MarkKeyPrefix(prefix),
 		lease: leaseLen, marks: map[string]*markSeen{}, pending: map[string]*confirmation{},
 	}
@@ -167,12 +183,10 @@ func (t *Tracker) Close() {
 	t.ready.Store(false) // nothing served from here on, before the lease is given back
 	t.leaseUntil.Store(0)
 	t.stop()
-	t.mu.Lock()
-	for _, n := range t.nodes {
-		t.stopNode(n) // under mu: receive replaces n.sub under mu
+	t.hub.unregister(t)
+	if t.ownHub {
+		t.hub.Close()
 	}
-	t.nodes = map[string]*node{}
-	t.mu.Unlock()
 	t.done.Wait()
 	if !t.eventual { // it never registered
 		t.resign()
@@ -194,15 +208,7 @@ func (t *Tracker) ID() string { return t.id }
 
 // ConnIDs returns the CLIENT ID of each tracking connection (0 for one not
 // connected yet), for operators and tests.
-func (t *Tracker) ConnIDs() []int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	ids := make([]int64, 0, len(t.nodes))
-	for _, n := range t.nodes {
-		ids = append(ids, n.id.Load())
-	}
-	return ids
-}
+func (t *Tracker) ConnIDs() []int64 { return t.hub.ConnIDs() }
 
 // Ticket is taken before a read is sent; the read's reply may be kept in
 // memory only if nothing was invalidated in between (see [Tracker.Valid]):

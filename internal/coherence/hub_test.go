@@ -1,0 +1,71 @@
+// hub_test.go tests the connections a hub shares: which prefixes they track, and overlapping prefixes on one connection.
+
+package coherence
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Redis refuses overlapping prefixes on one connection: a hub tracks only
+// those no other covers, and the empty prefix covers every one.
+func TestMinimalPrefixes(t *testing.T) {
+	tests := []struct {
+		name string
+		in   []string
+		want []string
+	}{
+		{name: "none", in: nil, want: nil},
+		{name: "disjoint", in: []string{"b:", "a:"}, want: []string{"a:", "b:"}},
+		{name: "nested", in: []string{"a:b:", "a:", "a:c:"}, want: []string{"a:"}},
+		{name: "empty covers all", in: []string{"a:", "", "b:"}, want: []string{""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ps := map[string]int{}
+			for _, p := range tt.in {
+				ps[p]++
+			}
+			assert.ElementsMatch(t, tt.want, minimalPrefixes(ps), "minimalPrefixes(%q)", tt.in)
+		})
+	}
+}
+
+// Trackers of nested prefixes on one hub share one connection, which Redis
+// accepts (it tracks the outer prefix only), and each hears the writes
+// under its own prefix: the outer one those of the inner one too, since its
+// keys include them.
+func TestNestedPrefixesShareAConnection(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	hub := NewHub(redistest.Client(t, addr))
+	defer hub.Close()
+	var inner, outer atomic.Int64
+	count := func(n *atomic.Int64, key string) Hooks {
+		return Hooks{OnDrop: func(k string, all bool) {
+			if k == key {
+				n.Add(1)
+			}
+		}}
+	}
+	in := hub.New(p+"in:", time.Second, count(&inner, p+"in:k"))
+	defer in.Close()
+	out := hub.New(p, time.Second, count(&outer, p+"in:k"))
+	defer out.Close()
+	other := hub.New(p+"other:", time.Second, count(&inner, p+"in:k"))
+	defer other.Close()
+	require.True(t, eventually(func() bool { return in.Serving() && out.Serving() && other.Serving() }), "never serving")
+	require.Len(t, hub.ConnIDs(), 1)
+
+	require.NoError(t, admin.Set(t.Context(), p+"in:k", 1, 0).Err())
+	assert.True(t, eventually(func() bool { return inner.Load() == 1 && outer.Load() == 1 }),
+		"invalidations heard: inner %d, outer %d; want 1 each", inner.Load(), outer.Load())
+	time.Sleep(50 * time.Millisecond)
+	assert.EqualValues(t, 1, inner.Load(), "a tracker heard a key outside its prefix")
+}
