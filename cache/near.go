@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
@@ -226,9 +227,11 @@ func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 		return v, false
 	}
 	e, ok := n.store.GetIfPresent(key)
-	if !ok || nanotime() >= e.until {
+	now := nanotime()
+	if !ok || now >= e.until {
 		return v, false
 	}
+	yieldIfDue(now)
 	switch {
 	case n.shared:
 		return *e.v, true
@@ -333,4 +336,24 @@ func (c *Cache[V]) nearGet(key string) (V, bool) {
 		}
 	}
 	return v, ok
+}
+
+// yieldEvery is how often near hits give the scheduler a turn (see
+// yieldIfDue).
+const yieldEvery = 20 * time.Microsecond
+
+// lastYield is when a near hit last yielded, in nanotime.
+var lastYield atomic.Int64
+
+// yieldIfDue yields the processor once per yieldEvery across the process.
+// Near hits never block: callers that only hit memory run until the
+// scheduler preempts them (10ms each), and goroutines readied by the
+// network, the tracker's among them (invalidations, acknowledgements,
+// lease renewals), wait in the global run queue, looked at once per 61
+// turns: hundreds of milliseconds, which writes in other processes would
+// wait for. A yield is a turn.
+func yieldIfDue(now int64) {
+	if last := lastYield.Load(); now-last >= int64(yieldEvery) && lastYield.CompareAndSwap(last, now) {
+		runtime.Gosched()
+	}
 }
