@@ -97,7 +97,7 @@ func TestWrongAddressLogsOncePerOutage(t *testing.T) {
 
 func TestOutageLoggedAgainAfterRecovery(t *testing.T) {
 	srv := redistest.PrivateServer(t, "it stops and restarts the server")
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	rdb := redis.NewClient(dialOnce(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond}))
 	defer rdb.Close()
 	logs := &logCapture{}
 	mine := slog.New(logs)
