@@ -35,6 +35,7 @@ func dialCounter(t *testing.T, addr string) (*redis.Client, *atomic.Int64) {
 }
 
 func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		opts      []Option
@@ -47,6 +48,7 @@ func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
 		{"off", []Option{WithoutCircuitBreaker()}, false, FailOpen, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			rdb, _ := dialCounter(t, deadAddr(t))
 			cmds := countCommands(rdb)
 			start := time.Now()
@@ -85,6 +87,7 @@ func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
 }
 
 func TestBreakerClosesWhenRedisAnswersAgain(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	key := p + "k"
 	addr := freeAddr(t)
@@ -162,6 +165,7 @@ func proxyTo(t *testing.T, addr, upstream string) {
 // Cache's call (and whichever path: Set, Delete, GetOrLoad, FailClosed)
 // moved it, once each.
 func TestSharedBreakerTellsEveryCache(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t) // its keys, once the test Redis answers at addr
 	addr := freeAddr(t)
 	rdb, _ := dialCounter(t, addr)

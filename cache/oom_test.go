@@ -73,6 +73,7 @@ func (h *hookCount) hook(_ string, err error) {
 // TestOOMIsNotAnOutage: with maxmemory below what the server already uses,
 // every write is refused and every read served.
 func TestOOMIsNotAnOutage(t *testing.T) {
+	// Not parallel: it sets fullQuiet, which every Cache in the process reads.
 	srv := redistest.PrivateServer(t, "it sets maxmemory", "--maxmemory-policy", "noeviction")
 	rdb := redistest.Client(t, srv.Addr)
 	var hooks hookCount
@@ -140,8 +141,10 @@ func TestOOMIsNotAnOutage(t *testing.T) {
 // goroutines, under each eviction policy, and counts loads per key and the
 // hook's calls. The figures are logged (go test -v -run OOMUnderReal).
 func TestOOMUnderRealPressure(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []string{"allkeys-lru", "volatile-ttl"} {
 		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
 			srv := redistest.PrivateServer(t, "it fills the server to its maxmemory", "--maxmemory-policy", policy)
 			admin := redistest.Client(t, srv.Addr)
 			used := memoryUsed(t, admin)
