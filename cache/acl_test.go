@@ -25,6 +25,7 @@ import (
 var aclRule = []any{"~product:*", "&product:*", "&__redis__:invalidate", "+@all"}
 
 func TestReadPathUnderPrefixACL(t *testing.T) {
+	t.Parallel()
 	srv := redistest.PrivateServer(t, "it creates an ACL user")
 	admin := redistest.Client(t, srv.Addr)
 	args := append([]any{"ACL", "SETUSER", "product-svc", "on", ">secret", "resetkeys", "resetchannels"}, aclRule...)

@@ -172,6 +172,7 @@ func loadBatchScripts(tb testing.TB, rdb *redis.Client) {
 }
 
 func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	loadBatchScripts(t, rdb)
 	var ev eventCounts
@@ -228,6 +229,7 @@ func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
 }
 
 func TestGetOrLoadManyWatchdogKeepsASlowLoadSingle(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	keys := names(p, 3)
 	const lockTTL = 600 * time.Millisecond // see TestGetOrLoadWatchdogKeepsASlowLoadSingle
@@ -248,6 +250,7 @@ func TestGetOrLoadManyWatchdogKeepsASlowLoadSingle(t *testing.T) {
 }
 
 func TestGetOrLoadManyReloadsMissingScripts(t *testing.T) {
+	t.Parallel()
 	srv := redistest.PrivateServer(t, "TestGetOrLoadManyReloadsMissingScripts empties the server's script cache")
 	rdb := redistest.Client(t, srv.Addr)
 	require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
@@ -266,6 +269,7 @@ func TestGetOrLoadManyReloadsMissingScripts(t *testing.T) {
 }
 
 func TestGetOrLoadManyInstancesOnOverlappingKeysLoadEachKeyOnce(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	keys := names(p, 40)
 	const instances, callers = 4, 3
@@ -306,6 +310,7 @@ func TestGetOrLoadManyInstancesOnOverlappingKeysLoadEachKeyOnce(t *testing.T) {
 }
 
 func TestGetOrLoadManySharesItsLoadWithGetOrLoad(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	loadBatchScripts(t, rdb)
 	c := New[product](rdb, WithoutNearCache()) // counts every script the client sends
@@ -343,6 +348,7 @@ func TestGetOrLoadManySharesItsLoadWithGetOrLoad(t *testing.T) {
 }
 
 func TestGetOrLoadManyWaitsForAGetOrLoadThatHoldsTheLock(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	other := New[product](redistest.Client(t, redistest.Addr(t))) // another process
@@ -367,6 +373,7 @@ func TestGetOrLoadManyWaitsForAGetOrLoadThatHoldsTheLock(t *testing.T) {
 }
 
 func TestGetOrLoadManyLoaderErrorReleasesLocks(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	keys := names(p, 3)
@@ -391,6 +398,7 @@ func TestGetOrLoadManyLoaderErrorReleasesLocks(t *testing.T) {
 }
 
 func TestGetOrLoadManyLeftOutKeyIsNotFound(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	keys := names(p, 3)
 	for _, tc := range []struct {
@@ -431,6 +439,7 @@ func TestGetOrLoadManyLeftOutKeyIsNotFound(t *testing.T) {
 }
 
 func TestGetOrLoadManyLoaderPanic(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	keys := names(p, 3)
@@ -465,6 +474,7 @@ func TestGetOrLoadManyLoaderPanic(t *testing.T) {
 }
 
 func TestGetOrLoadManyCancelledCallerReturnsPromptly(t *testing.T) {
+	// Not parallel: it times the cancelled caller to 300 ms.
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	keys := names(p, 3)
@@ -487,6 +497,7 @@ func TestGetOrLoadManyCancelledCallerReturnsPromptly(t *testing.T) {
 }
 
 func TestGetOrLoadManyDeleteDuringLoadWins(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	var ev eventCounts
 	c := New[product](rdb, WithObserver(ev.observe))
@@ -510,6 +521,7 @@ func TestGetOrLoadManyDeleteDuringLoadWins(t *testing.T) {
 }
 
 func TestGetOrLoadManyLoaderOptionsApplyToTheBatch(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	keys := names(p, 2)
 	c := New[product](rdb, WithTTL(time.Minute), WithoutJitter(), WithEarlyRefresh(0))
@@ -534,6 +546,7 @@ func TestGetOrLoadManyLoaderOptionsApplyToTheBatch(t *testing.T) {
 }
 
 func TestGetOrLoadManyServesStaleAndRefreshesOneKey(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	var ev eventCounts
 	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
@@ -561,6 +574,7 @@ func TestGetOrLoadManyServesStaleAndRefreshesOneKey(t *testing.T) {
 }
 
 func TestGetOrLoadManyWaitsForStaleRefreshesOnce(t *testing.T) {
+	// Not parallel: it times the batch to 500 ms.
 	rdb, p := setup(t)
 	const soft = 100 * time.Millisecond
 	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0),
@@ -607,6 +621,7 @@ func (lostLockReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 func TestGetOrLoadManyLostLockRepliesFailOpen(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	loadBatchScripts(t, rdb)
 	rdb.AddHook(lostLockReplies{})
@@ -627,6 +642,7 @@ func TestGetOrLoadManyLostLockRepliesFailOpen(t *testing.T) {
 }
 
 func TestGetOrLoadManyInput(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	// It counts rounds with a hook added to a client in use (a race with the
 	// near cache's lease renewals on go-redis v9.5.5).
@@ -659,6 +675,7 @@ func TestGetOrLoadManyInput(t *testing.T) {
 }
 
 func TestGetOrLoadManyRedisDown(t *testing.T) {
+	t.Parallel()
 	dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { dead.Close() })
 	t.Run("fail open loads every key once, uncached", func(t *testing.T) {
@@ -757,6 +774,7 @@ func BenchmarkGetOrLoadMany(b *testing.B) {
 }
 
 func TestGetOrLoadManyDoNotCacheIsSharedWithMergedCallers(t *testing.T) {
+	t.Parallel()
 	// GetOrLoad callers that join a batch's DoNotCache load of their key
 	// get its value instead of loading it again.
 	rdb, p := setup(t)
@@ -826,6 +844,7 @@ func (e *refreshEvents) observe(ev Event) {
 // calls of one (issue 19.3); with a soft load timeout the batch waits for
 // that one call and serves its fresh values.
 func TestGetOrLoadManyRefreshesAStalePageInOneCall(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		soft      time.Duration
@@ -880,6 +899,7 @@ func TestGetOrLoadManyRefreshesAStalePageInOneCall(t *testing.T) {
 // TestGetOrLoadManyEarlyRefreshIsOneCall: a page due for early refresh
 // (on by default) is refreshed by one loadMany call.
 func TestGetOrLoadManyEarlyRefreshIsOneCall(t *testing.T) {
+	// Not parallel: the second read must come within 200 ms of its sleep, before the TTL ends.
 	rdb, p := setup(t)
 	var ev eventCounts
 	c := New[product](rdb, WithTTL(500*time.Millisecond), WithoutJitter(), WithObserver(ev.observe))
@@ -904,6 +924,7 @@ func TestGetOrLoadManyEarlyRefreshIsOneCall(t *testing.T) {
 // Cache on its own client) is refreshing 5 keys of a stale page; the batch
 // serves them as they are and refreshes the other 15 in one call.
 func TestGetOrLoadManyRefreshLeavesKeysLockedElsewhere(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	opts := []Option{WithTTL(50 * time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute)}
 	var ev eventCounts
@@ -944,6 +965,7 @@ func TestGetOrLoadManyRefreshLeavesKeysLockedElsewhere(t *testing.T) {
 // while the batch's refresh of it runs serves the value without a load of
 // its own.
 func TestGetOrLoadManyRefreshIsSharedWithGetOrLoad(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute))
 	keys := names(p, 20)
@@ -971,6 +993,7 @@ func TestGetOrLoadManyRefreshIsSharedWithGetOrLoad(t *testing.T) {
 // EventRefresh carries the *PanicError, and the old values are kept for the
 // throttle (stale-if-error), no lock left behind.
 func TestGetOrLoadManyRefreshPanic(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	var ev refreshEvents
 	var hooked atomic.Int64
@@ -1016,6 +1039,7 @@ func TestGetOrLoadManyRefreshPanic(t *testing.T) {
 // TestGetOrLoadManyCallOptions: ForceRefresh and NoStale apply to batches
 // as to GetOrLoad (they were ignored).
 func TestGetOrLoadManyCallOptions(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(100*time.Millisecond), WithStale(time.Hour), WithoutJitter(), WithoutNearCache())
 	keys := names(p, 2)

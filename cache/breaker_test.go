@@ -18,22 +18,24 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// dialCounter is a Redis client whose dials are counted, pointed at addr.
+// dialCounter is a Redis client whose dials are counted, pointed at addr,
+// that dials once per attempt (see dialOnce).
 func dialCounter(t *testing.T, addr string) (*redis.Client, *atomic.Int64) {
 	var dials atomic.Int64
-	rdb := redis.NewClient(&redis.Options{
+	rdb := redis.NewClient(dialOnce(&redis.Options{
 		Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
 		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			dials.Add(1)
 			var d net.Dialer
 			return d.DialContext(ctx, network, addr)
 		},
-	})
+	}))
 	t.Cleanup(func() { rdb.Close() })
 	return rdb, &dials
 }
 
 func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		opts      []Option
@@ -46,6 +48,7 @@ func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
 		{"off", []Option{WithoutCircuitBreaker()}, false, FailOpen, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			rdb, _ := dialCounter(t, deadAddr(t))
 			cmds := countCommands(rdb)
 			start := time.Now()
@@ -84,6 +87,7 @@ func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
 }
 
 func TestBreakerClosesWhenRedisAnswersAgain(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	key := p + "k"
 	addr := freeAddr(t)
@@ -161,10 +165,12 @@ func proxyTo(t *testing.T, addr, upstream string) {
 // Cache's call (and whichever path: Set, Delete, GetOrLoad, FailClosed)
 // moved it, once each.
 func TestSharedBreakerTellsEveryCache(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t) // its keys, once the test Redis answers at addr
 	addr := freeAddr(t)
 	rdb, _ := dialCounter(t, addr)
 	var opened, closed atomic.Int64
-	first := New[product](rdb, WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithObserver(func(e Event) {
+	first := New[product](rdb, WithPrefix(p), WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithObserver(func(e Event) {
 		switch e.Kind {
 		case EventBreakerOpen:
 			opened.Add(1)
@@ -173,7 +179,7 @@ func TestSharedBreakerTellsEveryCache(t *testing.T) {
 		}
 	}))
 	defer first.Close()
-	second := New[product](rdb, WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithFailurePolicy(FailClosed))
+	second := New[product](rdb, WithPrefix(p), WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithFailurePolicy(FailClosed))
 	defer second.Close()
 	src := &counter{}
 	for range 10 { // only the second Cache's calls: the first must still hear

@@ -26,6 +26,7 @@ func assertPTTL(t *testing.T, rdb *redis.Client, key string, want time.Duration)
 }
 
 func TestTTLOptionSetsTheStoredTTL(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(time.Hour), WithoutJitter(), WithEarlyRefresh(0))
 	src := &counter{}
@@ -72,6 +73,7 @@ func TestTTLOptionSetsTheStoredTTL(t *testing.T) {
 }
 
 func TestSetTTLReportsAContextThatIsNotALoaders(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(time.Hour), WithoutJitter(), WithEarlyRefresh(0))
 	outer := t.Context()
@@ -94,6 +96,7 @@ func TestSetTTLReportsAContextThatIsNotALoaders(t *testing.T) {
 // panic: at or below zero the value is returned and not stored, by TTL and
 // SetTTL alike; Set removes the older value; under 1ms is 1ms.
 func TestTTLRunOutIsNotStored(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(time.Hour), WithoutJitter())
 	ended := time.Now().Add(-time.Minute)
@@ -140,6 +143,7 @@ func TestTTLRunOutIsNotStored(t *testing.T) {
 }
 
 func TestForceRefreshLoadsOnceAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	other := redistest.Client(t, redistest.Addr(t)) // a second process's client
 	caches := []*Cache[product]{New[product](rdb, WithTTL(time.Hour)), New[product](other, WithTTL(time.Hour))}
@@ -184,6 +188,7 @@ func TestForceRefreshLoadsOnceAcrossProcesses(t *testing.T) {
 }
 
 func TestNoStaleRefusesAValuePastItsTTL(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithStale(time.Minute), WithSoftLoadTimeout(0))
 	key := p + "k"

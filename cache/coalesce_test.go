@@ -89,6 +89,7 @@ func queued[V any](t *testing.T, c *Cache[V], n int) {
 // reply not yet back) before a Delete; a Get and a GetOrLoad that begin
 // after the Delete returned must not be answered by it.
 func TestBatchInFlightDoesNotServeLaterCallers(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	lead, key := p+"lead", p+"item"
 	addr := redistest.Addr(t)

@@ -29,6 +29,7 @@ func (c *cmdCounter) total() int {
 }
 
 func TestEndedContextDoesNoWork(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	cmds := countCommands(rdb)
 	c := New[product](rdb, WithoutNearCache()) // counts every command the client sends
@@ -85,6 +86,7 @@ func assertOneLine(t *testing.T, err error, keys ...string) {
 }
 
 func TestErrorsAreOneLineAndNameTheKeyOnce(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithLoadTimeout(300*time.Millisecond), WithRetry(1000, 20*time.Millisecond))
 	held := []string{p + "held-a", p + "held-b"}
@@ -122,6 +124,7 @@ func TestErrorsAreOneLineAndNameTheKeyOnce(t *testing.T) {
 }
 
 func TestNotFoundIsTheSameErrorOnEveryCall(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	key := p + "missing"

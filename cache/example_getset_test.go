@@ -12,16 +12,33 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/coherence"
 )
 
 // uniquePrefix is name followed by a random suffix and a colon: each run of
 // an example writes keys of its own, so that runs sharing a Redis never
 // meet. In production the prefix is fixed ("product:").
+//
+// A prefix in use has an older near-cache registry than a new one, whose
+// first write waits out one lease (1 s) in case the registry was lost with
+// leases running (see TestLostRegistryMakesWritesWaitOneLease). The
+// examples would pay that second each, in series: the registry is dated an
+// hour back, as a prefix in use for an hour would have it.
 func uniquePrefix(name string) string {
-	return name + strconv.FormatUint(rand.Uint64(), 36) + ":"
+	prefix := name + strconv.FormatUint(rand.Uint64(), 36) + ":"
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	if now, err := rdb.Time(ctx).Result(); err == nil {
+		registry := coherence.RegistryKey(prefix)
+		rdb.HSet(ctx, registry, "~since", now.Add(-time.Hour).UnixMilli())
+		rdb.PExpire(ctx, registry, 10*time.Minute) // as a registry without leases
+	}
+	return prefix
 }
 
 // Get reads what the cache holds and never calls the database: for a

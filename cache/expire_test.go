@@ -16,6 +16,7 @@ import (
 )
 
 func TestExpire(t *testing.T) {
+	t.Parallel()
 	for _, stale := range []bool{false, true} {
 		name := map[bool]string{false: "without stale", true: "with stale"}[stale]
 		t.Run(name, func(t *testing.T) {
@@ -67,6 +68,7 @@ func TestExpire(t *testing.T) {
 // second process while the first reloads waits for that reload instead of
 // getting the old value; foreign bytes at the key do not panic.
 func TestExpireWaitsForAnotherProcesssReload(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	a, _, _ := newNearCache(t, p, WithStale(time.Hour))
 	b, _, _ := newNearCache(t, p, WithStale(time.Hour))

@@ -16,6 +16,7 @@ import (
 )
 
 func TestGet(t *testing.T) {
+	// Not parallel: a read within 50 ms of the load must find the value fresh.
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithStale(time.Minute))
 
@@ -53,6 +54,7 @@ func TestGet(t *testing.T) {
 // writes v2 through; A's commit must not overwrite v2, and callers that
 // begin after Set returned get v2.
 func TestSetWinsOverALoadInFlight(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	key := p + "k"
 	addr := redistest.Addr(t)
@@ -89,6 +91,7 @@ func (failingCodec) Marshal(any) ([]byte, error) { return nil, errors.New("canno
 func (failingCodec) Unmarshal([]byte, any) error { return errors.New("cannot decode") }
 
 func TestSetBadInput(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	err := New[product](rdb, WithCodec(failingCodec{})).Set(t.Context(), p+"k", product{})
 	assert.ErrorContains(t, err, "cannot encode")
@@ -98,6 +101,7 @@ func TestSetBadInput(t *testing.T) {
 }
 
 func TestLoaderDecidesTTL(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithTTL(time.Hour), WithoutJitter(), WithEarlyRefresh(0))
 	_, err := c.GetOrLoad(t.Context(), p+"short", func(ctx context.Context) (product, error) {

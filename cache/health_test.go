@@ -66,6 +66,7 @@ func defaultLogger(t *testing.T) *logCapture {
 }
 
 func TestWrongAddressLogsOncePerOutage(t *testing.T) {
+	// Not parallel: it replaces slog.Default, where other tests' caches log.
 	logs := defaultLogger(t)
 	addr := deadAddr(t)
 	rdb, _ := dialCounter(t, addr)
@@ -96,8 +97,9 @@ func TestWrongAddressLogsOncePerOutage(t *testing.T) {
 }
 
 func TestOutageLoggedAgainAfterRecovery(t *testing.T) {
+	// Not parallel: it replaces slog.Default, where other tests' caches log.
 	srv := redistest.PrivateServer(t, "it stops and restarts the server")
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	rdb := redis.NewClient(dialOnce(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond}))
 	defer rdb.Close()
 	logs := &logCapture{}
 	mine := slog.New(logs)
@@ -130,6 +132,7 @@ func TestOutageLoggedAgainAfterRecovery(t *testing.T) {
 }
 
 func TestPingNamesTheAddress(t *testing.T) {
+	t.Parallel()
 	live := redistest.Addr(t)
 	c := New[product](redistest.Client(t, live), WithLogger(nil))
 	defer c.Close()
@@ -157,6 +160,7 @@ func TestPingNamesTheAddress(t *testing.T) {
 // unreachable (what made memory pressure, which evicts locks, look like an
 // outage).
 func TestLostLockIsNotAnOutage(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	logs := &logCapture{}
 	c := New[product](rdb, WithCircuitBreaker(1, time.Minute), WithLogger(slog.New(logs)))

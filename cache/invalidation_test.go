@@ -20,6 +20,7 @@ import (
 // loading v1 when instance B deletes the key; a caller that starts on A
 // after the Delete returned used to join A's flight and get v1.
 func TestCallerAfterDeleteElsewhereDoesNotGetTheLoadInFlight(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	key := p + "item"
 	addr := redistest.Addr(t)
@@ -66,6 +67,7 @@ func TestCallerAfterDeleteElsewhereDoesNotGetTheLoadInFlight(t *testing.T) {
 // B's Delete but its reply arrives after; a caller that joins A's flight
 // after the Delete returned must not get the deleted value.
 func TestCallerAfterDeleteElsewhereDoesNotGetAReadInFlight(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	key := p + "item"
 	addr := redistest.Addr(t)

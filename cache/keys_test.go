@@ -153,6 +153,7 @@ func TestCRC16MatchesRedis(t *testing.T) {
 }
 
 func TestLockKeyMatchesRedisKeySlot(t *testing.T) {
+	t.Parallel()
 	// Only a cluster-enabled server answers CLUSTER KEYSLOT (even before it has
 	// slots): the test Redis if it is a cluster node, else a private one.
 	rdb := redistest.Client(t, redistest.Addr(t))
@@ -209,6 +210,7 @@ func TestLockNamesAreOneToOne(t *testing.T) {
 // was the value key of "item:lock"; once that was cached, "item" could never
 // be loaded. Lock-shaped keys are now refused before anything reaches Redis.
 func TestReservedKeysAreRejected(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[string](rdb, WithPrefix("{"+p+"shop}:"))
 	load := func(context.Context) (string, error) { return "v", nil }

@@ -53,6 +53,7 @@ func limitedClient(t *testing.T, deny ...string) *redis.Client {
 // which the renewal script does) reads through Redis and never from memory,
 // and says so once in its log.
 func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
+	t.Parallel()
 	rdb := limitedClient(t, "-hset")
 	ev := &events{}
 	logs := &logCapture{}
@@ -78,6 +79,7 @@ func TestNearCacheWithoutLeaseServesNothing(t *testing.T) {
 // tracking connection's name (CLIENT SETNAME) is refused, which must not
 // keep the near cache from serving.
 func TestNearCacheServesUnderANarrowClientRule(t *testing.T) {
+	t.Parallel()
 	rdb := limitedClient(t, "-client", "+client|id", "+client|tracking")
 	ev := &events{}
 	c := New[product](rdb, WithPrefix("nc:"), ev.option())
@@ -94,6 +96,7 @@ func TestNearCacheServesUnderANarrowClientRule(t *testing.T) {
 // A user whose ACL refuses INFO (the tracking connections ask which server
 // they are on): the near cache never serves, and the log says why, once.
 func TestNearCacheRefusedACommandSaysSo(t *testing.T) {
+	t.Parallel()
 	rdb := limitedClient(t, "-info")
 	logs := &logCapture{}
 	c := New[product](rdb, WithPrefix("ni:"), WithLogger(slog.New(logs)))
@@ -111,6 +114,7 @@ func TestNearCacheRefusedACommandSaysSo(t *testing.T) {
 // for until its lease ends, without an error; a ctx that ends first gets an
 // error that says the value was written.
 func TestWriteWaitsOutASilentHolder(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	ev := &events{}
 	c := New[product](rdb, WithPrefix(p), ev.option())
@@ -138,6 +142,7 @@ func TestWriteWaitsOutASilentHolder(t *testing.T) {
 // first acknowledgements; it asks again (the marker, republished after the
 // write) instead of waiting out their leases.
 func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
+	t.Parallel()
 	admin, p := setup(t)
 	// Leases long enough that a late renewal under load does not end the
 	// reader's before the writer's second ask (at a quarter lease).
@@ -174,6 +179,7 @@ func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
 // out, and the other cache's memory never serves a value after a write of
 // it returned.
 func TestWritesAreAcknowledged(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	w, _, wev := newNearCache(t, p)
 	r, _, rev := newNearCache(t, p)
@@ -195,6 +201,7 @@ func TestWritesAreAcknowledged(t *testing.T) {
 // eviction would) may have forgotten running leases: the next write waits
 // one lease from its creation.
 func TestLostRegistryMakesWritesWaitOneLease(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	lease := 400 * time.Millisecond
 	c := New[product](rdb, WithPrefix(p), WithNearLease(lease))
@@ -213,6 +220,7 @@ func TestLostRegistryMakesWritesWaitOneLease(t *testing.T) {
 
 // Close gives the lease back: writers no longer list the closed holder.
 func TestCloseResigns(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithPrefix(p))
 	require.True(t, eventually(func() bool { return nearReady(c) }))
@@ -225,6 +233,7 @@ func TestCloseResigns(t *testing.T) {
 // The registry and the marker keys are reserved: no value can be stored
 // where they live.
 func TestCoherenceKeysAreReserved(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithPrefix(p))
 	defer c.Close()
@@ -240,6 +249,7 @@ func TestCoherenceKeysAreReserved(t *testing.T) {
 // On a Ring (no cluster bus) the marker is published on every shard: writes
 // are acknowledged by another Ring's near cache, and read-after-write holds.
 func TestRingWritesAreAcknowledged(t *testing.T) {
+	t.Parallel()
 	a := redistest.PrivateServer(t, "it runs a two-shard Ring")
 	b := redistest.NewServer(t)
 	ring := func() *redis.Ring {
@@ -275,6 +285,7 @@ func TestRingWritesAreAcknowledged(t *testing.T) {
 // the new server's writes are reported to nobody here) and the tracking
 // connection moves to the client's server.
 func TestNearCacheFollowsItsClientToAnotherServer(t *testing.T) {
+	t.Parallel()
 	a := redistest.PrivateServer(t, "it moves a client between two servers")
 	b := redistest.PrivateServer(t, "it moves a client between two servers")
 	var target atomic.Value

@@ -24,6 +24,7 @@ import (
 )
 
 func TestGetOrLoadColdKeyLoadsOnceFor300Goroutines(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	src := &counter{delay: 50 * time.Millisecond}
@@ -46,6 +47,7 @@ func TestGetOrLoadColdKeyLoadsOnceFor300Goroutines(t *testing.T) {
 }
 
 func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "hot"
 	c := New[product](rdb, WithoutNearCache()) // it counts GETs, and adds hooks to a client in use
@@ -71,6 +73,7 @@ func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
 }
 
 func TestGetOrLoadInstancesWithOwnClientsLoadOnce(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	addr := redistest.Addr(t)
 	var caches []*Cache[product]
@@ -90,6 +93,7 @@ func TestGetOrLoadInstancesWithOwnClientsLoadOnce(t *testing.T) {
 }
 
 func TestGetOrLoadCallersGetTheirOwnCopy(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	src := &counter{delay: 50 * time.Millisecond}
@@ -111,6 +115,7 @@ func TestGetOrLoadCallersGetTheirOwnCopy(t *testing.T) {
 }
 
 func TestGetOrLoadMergedCallersAllSeeWhatIsStored(t *testing.T) {
+	t.Parallel()
 	// A field the codec drops: the holder's own caller must not see more than
 	// the callers who decode the stored bytes.
 	type secret struct {
@@ -135,6 +140,7 @@ func TestGetOrLoadMergedCallersAllSeeWhatIsStored(t *testing.T) {
 }
 
 func TestGetOrLoadLostReplyToTheLockScript(t *testing.T) {
+	t.Parallel()
 	// go-redis resends a command whose reply was lost. Simulate that for the
 	// read-or-lock script: run it twice and keep the second reply. The lock
 	// taken by the first run is ours, so the load must go ahead at once.
@@ -151,6 +157,7 @@ func TestGetOrLoadLostReplyToTheLockScript(t *testing.T) {
 }
 
 func TestGetOrLoadLockReleasedWhenTheScriptReplyIsLost(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	rdb.AddHook(lostReplyHook{})
@@ -163,6 +170,7 @@ func TestGetOrLoadLockReleasedWhenTheScriptReplyIsLost(t *testing.T) {
 }
 
 func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "slow"
 	// Not much shorter: on a loaded 2-core CI machine a refresh can be late by
@@ -185,6 +193,7 @@ func TestGetOrLoadWatchdogKeepsASlowLoadSingle(t *testing.T) {
 }
 
 func TestGetOrLoadRetriesExhausted(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
@@ -207,6 +216,7 @@ func TestGetOrLoadRetriesExhausted(t *testing.T) {
 }
 
 func TestGetOrLoadNoRetries(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
@@ -215,6 +225,7 @@ func TestGetOrLoadNoRetries(t *testing.T) {
 }
 
 func TestGetOrLoadWaiterSeesAValueWrittenMeanwhile(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
@@ -230,6 +241,7 @@ func TestGetOrLoadWaiterSeesAValueWrittenMeanwhile(t *testing.T) {
 }
 
 func TestGetOrLoadLoaderErrorIsReturnedUnchangedAndNotCached(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	c := New[product](rdb)
@@ -274,6 +286,7 @@ func TestGetOrLoadLoaderErrorIsReturnedUnchangedAndNotCached(t *testing.T) {
 }
 
 func TestGetOrLoadNotFoundIsCached(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	var calls atomic.Int64
 	missing := func(context.Context) (product, error) { calls.Add(1); return product{}, ErrNotFound }
@@ -299,6 +312,7 @@ func TestGetOrLoadNotFoundIsCached(t *testing.T) {
 }
 
 func TestGetOrLoadUnreadableValueIsAMissAndReplaced(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		write func(ctx context.Context, rdb *redis.Client, key string) error
@@ -349,6 +363,7 @@ func TestGetOrLoadUnreadableValueIsAMissAndReplaced(t *testing.T) {
 }
 
 func TestDeleteDuringLoadWins(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	c := New[product](rdb)
@@ -376,6 +391,7 @@ func TestDeleteDuringLoadWins(t *testing.T) {
 }
 
 func TestDeleteKeysAndLocks(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 	keys := []string{p + "a", p + "{tag}b", p + "c}", p + "}{", p + "{}x", p + "x{", p + "sp ace\n\x00", p + strings.Repeat("}", 4096)}
@@ -392,6 +408,7 @@ func TestDeleteKeysAndLocks(t *testing.T) {
 }
 
 func TestGetOrLoadCancelledCallerReturnsPromptly(t *testing.T) {
+	// Not parallel: it times the cancelled caller to 300 ms.
 	rdb, p := setup(t)
 	key := p + "k"
 	c := New[product](rdb)
@@ -422,6 +439,7 @@ func TestGetOrLoadCancelledCallerReturnsPromptly(t *testing.T) {
 }
 
 func TestGetOrLoadLoadTimeoutAbandonsALoaderThatIgnoresIt(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	c := New[product](rdb, WithLoadTimeout(200*time.Millisecond))
@@ -454,6 +472,7 @@ func TestGetOrLoadLoadTimeoutAbandonsALoaderThatIgnoresIt(t *testing.T) {
 }
 
 func TestGetOrLoadNotFoundErrorsKeepTheirMeaning(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 
@@ -473,6 +492,7 @@ func TestGetOrLoadNotFoundErrorsKeepTheirMeaning(t *testing.T) {
 }
 
 func TestGetOrLoadCodecPanicIsAnError(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithCodec(panicCodec{}))
 
@@ -495,6 +515,7 @@ func (panicCodec) Marshal(any) ([]byte, error) { panic("codec broke") }
 func (panicCodec) Unmarshal([]byte, any) error { panic("codec broke") }
 
 func TestErrorHookSeesWhatCallersDoNot(t *testing.T) {
+	t.Parallel()
 	t.Run("a Delete voiding a load is an event, not an error", func(t *testing.T) {
 		rdb, p := setup(t)
 		var got []error
@@ -536,6 +557,7 @@ func TestErrorHookSeesWhatCallersDoNot(t *testing.T) {
 }
 
 func TestGetOrLoadBadInput(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb)
 
@@ -553,15 +575,19 @@ func TestGetOrLoadBadInput(t *testing.T) {
 }
 
 func TestGetOrLoadPrefixAndTTL(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
-	c := New[product](rdb, WithPrefix(p), WithTTL(10*time.Second), WithoutJitter(), WithoutNearCache()) // the near cache's metadata keeps records a little longer
+	// Without early refresh: with it Redis keeps a value three load
+	// durations past its TTL (the refresh grace), and a load that took 1 ms
+	// on a busy machine made the PTTL 10.003s.
+	c := New[product](rdb, WithPrefix(p), WithTTL(10*time.Second), WithoutJitter(), WithEarlyRefresh(0), WithoutNearCache())
 	_, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
 	require.NoError(t, err)
 	ttl := rdb.PTTL(t.Context(), p+"k").Val()
 	assert.Greater(t, ttl, 9*time.Second)
 	assert.LessOrEqual(t, ttl, 10*time.Second)
 
-	j := New[product](rdb, WithTTL(100*time.Second), WithJitter(0.5))
+	j := New[product](rdb, WithTTL(100*time.Second), WithJitter(0.5), WithEarlyRefresh(0))
 	var lo, hi time.Duration = time.Hour, 0
 	for i := range 20 {
 		key := fmt.Sprintf("%sj%d", p, i)
@@ -576,6 +602,7 @@ func TestGetOrLoadPrefixAndTTL(t *testing.T) {
 }
 
 func TestGetOrLoadRedisDown(t *testing.T) {
+	t.Parallel()
 	dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { dead.Close() })
 
@@ -624,6 +651,7 @@ func blackHole(t *testing.T) string {
 }
 
 func TestGetOrLoadRedisThatNeverAnswersDoesNotHang(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		opt    redis.Options
@@ -661,6 +689,7 @@ func TestGetOrLoadRedisThatNeverAnswersDoesNotHang(t *testing.T) {
 }
 
 func TestDoNotCacheCallersMergedWithTheLoadGetItsValue(t *testing.T) {
+	t.Parallel()
 	// Callers who join a running load that calls DoNotCache share its value:
 	// the lock still held at its release vouches that no Delete or Set came
 	// between, as a commit does.
@@ -705,6 +734,7 @@ func TestDoNotCacheCallersMergedWithTheLoadGetItsValue(t *testing.T) {
 }
 
 func TestGetOrLoadCallersMergedOnAHitGetTheirOwnCopy(t *testing.T) {
+	t.Parallel()
 	// The flight decodes a hit once for the first caller to take it; every
 	// other caller merged on that read must decode a copy of its own.
 	rdb, p := setup(t)

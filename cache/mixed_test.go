@@ -73,6 +73,7 @@ func mixedReader(t *testing.T, p string) *Cache[product] {
 // is acknowledged, not made to wait out the readers' leases. Without the
 // writer's confirmation most reads got the old value from memory.
 func TestWriterWithoutNearCacheWaitsForReaders(t *testing.T) {
+	t.Parallel()
 	admin, p := setup(t)
 	readers := []*Cache[product]{mixedReader(t, p), mixedReader(t, p)}
 	wev := &events{}
@@ -138,6 +139,7 @@ func TestWriterWithoutNearCacheWaitsForReaders(t *testing.T) {
 // open no subscription and wait for nothing but the registry's reply, in
 // the same round trip as the write on a single server.
 func TestWriterWithoutNearCacheAloneIsNotSlowed(t *testing.T) {
+	t.Parallel()
 	admin, p := setup(t)
 	require.NoError(t, admin.HSet(t.Context(), coherence.RegistryKey(p), "~since", serverMillis(t, admin)-time.Second.Milliseconds()).Err())
 	rdb := redistest.Client(t, redistest.Addr(t))
@@ -160,6 +162,7 @@ func TestWriterWithoutNearCacheAloneIsNotSlowed(t *testing.T) {
 // A writer without a near cache holds no lease: a write of a near-cached
 // Cache is never made to wait for it, whether or not it wrote before.
 func TestWriterWithoutNearCacheHoldsNoLease(t *testing.T) {
+	t.Parallel()
 	admin, p := setup(t)
 	require.NoError(t, admin.HSet(t.Context(), coherence.RegistryKey(p), "~since", serverMillis(t, admin)-time.Second.Milliseconds()).Err())
 	nw := New[product](redistest.Client(t, redistest.Addr(t)), WithPrefix(p), WithoutNearCache())

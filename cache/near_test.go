@@ -40,8 +40,11 @@ func nearHas[V any](c *Cache[V], k string) bool {
 
 // eventually polls cond for up to 5s (a loaded -race run is slow) and reports
 // whether it held.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+func eventually(cond func() bool) bool { return eventuallyWithin(5*time.Second, cond) }
+
+// eventuallyWithin is eventually for up to d.
+func eventuallyWithin(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 		if cond() {
 			return true
 		}
@@ -80,6 +83,7 @@ func newNearCacheOn(t *testing.T, rdb *redis.Client, prefix string, opts ...Opti
 }
 
 func TestNearCacheServesHitsFromMemory(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	c, gets, ev := newNearCacheCounting(t, p)
 	src := &counter{}
@@ -103,6 +107,7 @@ func TestNearCacheServesHitsFromMemory(t *testing.T) {
 }
 
 func TestNearCacheServesGet(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	c, gets, ev := newNearCacheCounting(t, p)
 	require.NoError(t, c.Set(t.Context(), "k", product{ID: "set"}))
@@ -116,6 +121,7 @@ func TestNearCacheServesGet(t *testing.T) {
 }
 
 func TestNearCacheSharedValues(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	c, _, ev := newNearCache(t, p, WithNearShared())
 	src := &counter{}
@@ -134,6 +140,7 @@ func TestNearCacheSharedValues(t *testing.T) {
 // Delete, Set, load), by a client that is not this library, and the key's
 // expiry in Redis each drop it from memory; the next read gets the new value.
 func TestNearCacheDroppedOnEveryWrite(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	reader, _, ev := newNearCache(t, p)
 	writer, direct, _ := newNearCache(t, p)
@@ -191,6 +198,7 @@ func (c slowConn) Read(b []byte) (int, error) {
 // drop the key from its memory before they return, without waiting for
 // Redis's invalidation (delayed here by a slow tracking connection).
 func TestNearCacheOwnWritesDropBeforeReturning(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	var slow atomic.Bool
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -215,7 +223,9 @@ func TestNearCacheOwnWritesDropBeforeReturning(t *testing.T) {
 	direct := redistest.Client(t, redistest.Addr(t))
 	require.NoError(t, direct.ClientKillByFilter(ctx, "ID", strconv.FormatInt(trackingClientID(t, c), 10)).Err())
 	require.True(t, eventually(func() bool { return !nearReady(c) }))
-	require.True(t, eventually(func() bool { return nearReady(c) }), "the slow connection never subscribed")
+	// Each of the resubscription's replies comes 300 ms late: about 4 s on
+	// an idle machine, more than 5 on a busy one.
+	require.True(t, eventuallyWithin(30*time.Second, func() bool { return nearReady(c) }), "the slow connection never subscribed")
 	src := &counter{}
 	for _, k := range []string{"a", "b"} {
 		require.True(t, eventually(func() bool {
@@ -262,6 +272,7 @@ func (h *invalidateDuringGet) ProcessPipelineHook(next redis.ProcessPipelineHook
 // caching-in-progress placeholder exists for. Without the ticket check, the
 // old reply stays in memory after its invalidation came.
 func TestNearCacheReplyOlderThanInvalidationIsNotKept(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	// The hook goes on before the Cache exists (go-redis before v9.6 does not
 	// allow adding one to a client in use); it does nothing until armed.
@@ -292,6 +303,7 @@ func TestNearCacheReplyOlderThanInvalidationIsNotKept(t *testing.T) {
 // while the connection cannot come back (its dials are refused); a write
 // made meanwhile is seen; once back, it tracks again.
 func TestNearCacheDropsEverythingWhenTheConnectionIsLost(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	var refuse atomic.Bool
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -348,6 +360,7 @@ func trackingClientID(t *testing.T, c *Cache[product]) int64 {
 }
 
 func TestNearCacheServesNothingWhileTheBreakerIsOpen(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	c, _, ev := newNearCache(t, p)
 	src := &counter{}
@@ -413,6 +426,7 @@ func (p *clonedProduct) Clone() clonedProduct {
 }
 
 func TestNearCacheClonesValuesThatCloneThemselves(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	rdb := redistest.Client(t, redistest.Addr(t))
 	ev := &events{}
@@ -439,6 +453,7 @@ func TestNearCacheClonesValuesThatCloneThemselves(t *testing.T) {
 // A Cache dropped without Close gives its near cache back when collected:
 // its tracking connections and goroutines end.
 func TestNearCacheOfADroppedCacheEnds(t *testing.T) {
+	// Not parallel: it counts the process's goroutines.
 	rdb, p := setup(t)
 	before := runtime.NumGoroutine()
 	func() {
@@ -455,6 +470,7 @@ func TestNearCacheOfADroppedCacheEnds(t *testing.T) {
 // included) for every kind; near_hit carried the caller's key and
 // near_eviction the store's.
 func TestNearEventsCarryTheFullKey(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	var mu sync.Mutex
 	keys := map[EventKind][]string{}
@@ -501,6 +517,7 @@ func TestNearEventsCarryTheFullKey(t *testing.T) {
 // memory on the loss and on the resubscription guarantees (the writer's
 // marker may reach the new connection and be acknowledged).
 func TestNearCacheDropsMemoryWhenItsConnectionIsReset(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	reader, _, _ := newNearCache(t, p)
 	writer, _, _ := newNearCache(t, p)

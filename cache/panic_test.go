@@ -49,6 +49,7 @@ func (h *panics) observer() (observer, other int) {
 }
 
 func TestCodecPanicsAreErrors(t *testing.T) {
+	t.Parallel()
 	// Each scenario crashed the process or let the panic escape to the
 	// caller before; each must now return *PanicErrors only.
 	scenarios := []struct {
@@ -125,6 +126,7 @@ func unjoin(err error) []error {
 }
 
 func TestObserverPanicsGoToTheErrorHook(t *testing.T) {
+	t.Parallel()
 	// The observer runs on callers' goroutines and on the cache's own: a
 	// panic there is recovered, reported once to the error hook, and the call
 	// goes on with its result.
@@ -189,6 +191,7 @@ func TestObserverPanicsGoToTheErrorHook(t *testing.T) {
 }
 
 func TestObserversAllGetEventsWhenOnePanics(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	var h panics
 	var ev eventCounts

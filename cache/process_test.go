@@ -154,6 +154,7 @@ func (c *child) expect(t *testing.T, word string) string {
 }
 
 func TestProcessesLoadOnce(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "hot"
 	const procs, callers = 4, 50
@@ -202,6 +203,7 @@ func commandCalls(t *testing.T, rdb *redis.Client) int {
 }
 
 func TestRedisCommandsGrowWithInstancesNotCallers(t *testing.T) {
+	// Not parallel: its command counts move with the polls' timing.
 	// CONFIG RESETSTAT and INFO commandstats are server-wide: this test must not
 	// reset a server it did not start, nor count other tests' commands.
 	srv := redistest.PrivateServer(t, "counting commands with INFO commandstats needs a server no other test uses")
@@ -234,6 +236,7 @@ func TestRedisCommandsGrowWithInstancesNotCallers(t *testing.T) {
 }
 
 func TestCrashedHolderBlocksOthersAtMostLockTTL(t *testing.T) {
+	// Not parallel: it times the wait to the lock TTL plus 500 ms.
 	rdb, p := setup(t)
 	key := p + "k"
 	const lockTTL = time.Second
@@ -259,6 +262,7 @@ func TestCrashedHolderBlocksOthersAtMostLockTTL(t *testing.T) {
 }
 
 func TestFrozenHolderCannotOverwriteNewerValue(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	const lockTTL = 300 * time.Millisecond

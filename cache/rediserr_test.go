@@ -63,6 +63,7 @@ func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // policy: every instance loaded uncached. Now the flight waits and retries,
 // so the key loads once and is stored.
 func TestTransientErrorsAreWaitedOut(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	hook := &failHook{cmd: "script", err: replyError(t, rdb, "LOADING Redis is loading the dataset in memory")}
 	hook.n.Store(3)
@@ -93,6 +94,7 @@ func TestTransientErrorsAreWaitedOut(t *testing.T) {
 // of a cluster gets MOVED for other nodes' keys for ever; waiting it out
 // would only delay the error by the load timeout.
 func TestClusterRepliesToAPlainClientAreReturned(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	hook := &failHook{cmd: "get", err: replyError(t, rdb, "MOVED 3999 127.0.0.1:6381")}
 	hook.n.Store(1 << 30)
@@ -108,6 +110,7 @@ func TestClusterRepliesToAPlainClientAreReturned(t *testing.T) {
 // the budget (a client on a replica gets READONLY for ever) is returned,
 // naming it, under every policy, rather than turned into uncached loads.
 func TestTransientErrorsThatLastAreReturned(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
 		rdb, p := setup(t)
 		hook := &failHook{cmd: "script", err: replyError(t, rdb, "READONLY You can't write against a read only replica.")}
@@ -124,6 +127,7 @@ func TestTransientErrorsThatLastAreReturned(t *testing.T) {
 // TestMisconfigurationIsReturnedUnderEveryPolicy: a missing permission used
 // to be absorbed by FailOpen (100 loads, 0 errors, nothing visible).
 func TestMisconfigurationIsReturnedUnderEveryPolicy(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
 		for _, cmd := range []string{"get", "script"} {
 			rdb, p := setup(t)
@@ -140,6 +144,7 @@ func TestMisconfigurationIsReturnedUnderEveryPolicy(t *testing.T) {
 }
 
 func TestDeleteWrapsRedisErrors(t *testing.T) {
+	t.Parallel()
 	dead := redis.NewClient(&redis.Options{Addr: deadAddr(t), MaxRetries: -1})
 	t.Cleanup(func() { dead.Close() })
 	err := New[product](dead).Delete(t.Context(), "k")

@@ -27,6 +27,7 @@ type eventCounts [64]atomic.Int64 // by EventKind, with room for kinds to come
 func (e *eventCounts) observe(ev Event) { e[ev.Kind].Add(1) }
 
 func TestEarlyRefreshReloadsBeforeExpiry(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "hot"
 	var ev eventCounts
@@ -66,6 +67,7 @@ func TestEarlyRefreshReloadsBeforeExpiry(t *testing.T) {
 }
 
 func TestEarlyRefreshOffNeverRefreshes(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	var ev eventCounts
 	c := New[product](rdb, WithTTL(time.Minute), WithEarlyRefresh(0), WithObserver(ev.observe), WithoutNearCache()) // the near cache turns the metadata on
@@ -86,6 +88,7 @@ func TestEarlyRefreshOffNeverRefreshes(t *testing.T) {
 // across several TTLs; the key is loaded about once per TTL and no caller
 // after the cold start meets a miss.
 func TestEarlyRefreshKeepsAHotKeyWarmAcrossInstances(t *testing.T) {
+	// Not parallel: a refresh late by 200 ms is a miss, and its 16 busy readers would slow the others.
 	_, p := setup(t)
 	key := p + "hot"
 	addr := redistest.Addr(t)
@@ -169,6 +172,7 @@ func dueRecord(t *testing.T, rdb *redis.Client, key string) {
 // process holds the key's lock, a process's hits try to take it once per
 // retry backoff, not once per hit.
 func TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "due"
 	dueRecord(t, rdb, key)
@@ -196,6 +200,7 @@ func TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit(t *testing.T) {
 // fails is not tried again by the next hits before the throttle ends, so a
 // failing database is not called once per hit.
 func TestEarlyRefreshFailureIsNotRetriedOnEveryHit(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "due"
 	dueRecord(t, rdb, key)

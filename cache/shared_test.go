@@ -75,6 +75,7 @@ func pubsubClients(t *testing.T, rdb *redis.Client) int {
 }
 
 func TestCachesOnOneClientShareOneSubscription(t *testing.T) {
+	t.Parallel()
 	srv := redistest.PrivateServer(t, "it counts the server's pub/sub connections")
 	rdb := redistest.Client(t, srv.Addr)
 	admin := redistest.Client(t, srv.Addr)
@@ -135,6 +136,7 @@ func TestCachesOnOneClientShareOneSubscription(t *testing.T) {
 }
 
 func TestCachesOnOneClientShareTheBreaker(t *testing.T) {
+	t.Parallel()
 	rdb, dials := dialCounter(t, deadAddr(t))
 	var opened atomic.Int64
 	// Without near caches: their tracking connections redial in the
@@ -171,6 +173,7 @@ func TestCachesOnOneClientShareTheBreaker(t *testing.T) {
 // client and prefix overwrote each other's values, each reading the other's
 // as a miss. New refuses the second value type while the first is open.
 func TestOneValueTypePerPrefix(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	newProduct := func() (err error) {
 		defer func() {
@@ -206,6 +209,7 @@ func TestOneValueTypePerPrefix(t *testing.T) {
 // was a silent miss; it is now an EventDecodeError on every read path and
 // reaches the error hook once per key.
 func TestDecodeFailuresAreReported(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	other := New[string](redistest.Client(t, redistest.Addr(t)), WithPrefix(p))
 	defer other.Close()

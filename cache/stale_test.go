@@ -18,6 +18,7 @@ import (
 )
 
 func TestStaleWhileRevalidate(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	var ev eventCounts
@@ -55,6 +56,7 @@ func TestStaleWhileRevalidate(t *testing.T) {
 }
 
 func TestStaleIfErrorThrottlesTheFailingDatabase(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
 	var ev eventCounts
@@ -94,6 +96,7 @@ func TestStaleIfErrorThrottlesTheFailingDatabase(t *testing.T) {
 }
 
 func TestSoftLoadTimeout(t *testing.T) {
+	// Not parallel: the fast refresh must end within the 200 ms soft timeout.
 	for _, tc := range []struct {
 		name      string
 		loadTime  time.Duration
@@ -129,6 +132,7 @@ func TestSoftLoadTimeout(t *testing.T) {
 }
 
 func TestWithoutStaleAnExpiredValueIsAMiss(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	var ev eventCounts
 	c := New[product](rdb, WithTTL(50*time.Millisecond), WithoutJitter(), WithEarlyRefresh(0), WithObserver(ev.observe))
@@ -144,6 +148,7 @@ func TestWithoutStaleAnExpiredValueIsAMiss(t *testing.T) {
 }
 
 func TestWithoutStaleAValueInTheRefreshGraceIsNotStale(t *testing.T) {
+	t.Parallel()
 	// Early refresh keeps a value readable for a grace past its TTL, so that
 	// a late refresh is not a miss. Without WithStale that value is served as
 	// a hit being refreshed: never marked stale, never EventStaleServed.

@@ -13,6 +13,7 @@ import (
 )
 
 func TestStatsAndSkipNear(t *testing.T) {
+	t.Parallel()
 	_, p := setup(t)
 	c, _, _ := newNearCache(t, p)
 	src := &counter{}

@@ -113,6 +113,7 @@ func (h *gatedHolder) open(t *testing.T, wait bool) {
 }
 
 func TestWaiterWokenByHolder(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		// The holder is let go after the waiter's read-or-lock number at
@@ -186,6 +187,7 @@ func TestWaiterWokenByHolder(t *testing.T) {
 // connection while it waits: it gets the holder's value by polling, and a
 // later wait subscribes again and is woken.
 func TestWaiterPollsWhenSubscriptionDies(t *testing.T) {
+	t.Parallel()
 	srv := redistest.PrivateServer(t, "the test kills every pub/sub connection of the server")
 	admin := redistest.Client(t, srv.Addr)
 	loadScripts(t, admin)
@@ -235,6 +237,7 @@ func TestWaiterPollsWhenSubscriptionDies(t *testing.T) {
 // the sharded commands are renamed away; Redis 6 has none to rename (and
 // refuses to rename an unknown command).
 func TestWaiterWokenWithoutShardedPubSub(t *testing.T) {
+	t.Parallel()
 	var args []string
 	if v, err := redistest.ServerVersion(); err != nil || v.ShardedPubSub() {
 		args = []string{"--rename-command", "SSUBSCRIBE", "", "--rename-command", "SPUBLISH", ""}
@@ -273,6 +276,7 @@ func TestWaiterWokenWithoutShardedPubSub(t *testing.T) {
 // TestNoSubscriptionWithoutAWait: a miss and a hit open no pub/sub
 // connection on the Cache's client; the notifier subscribes on a first wait.
 func TestNoSubscriptionWithoutAWait(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	name := p + "client" // the near cache's connections have a name of their own
 	cdb := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, ClientName: name})
@@ -389,6 +393,7 @@ func (p *pubsubProxy) freeze() (n int) {
 // connection without closing it: waiters poll, a PING that gets no answer
 // breaks the subscription, and a later wait is woken on a new one.
 func TestWaiterPollsWhenSubscriptionHangs(t *testing.T) {
+	t.Parallel()
 	rdb, p := setup(t)
 	loadScripts(t, rdb)
 	proxy := newPubsubProxy(t, rdb.Options().Addr)
@@ -456,6 +461,7 @@ func TestWaiterPollsWhenSubscriptionHangs(t *testing.T) {
 // deadline of its own, so the waiter is woken by the holder's commit
 // instead of polling while the master is backed off.
 func TestSubscriptionSurvivesASlowDial(t *testing.T) {
+	t.Parallel()
 	rdb, key := setup(t)
 	key += "k"
 	const dialDelay, backoff = 400 * time.Millisecond, 100 * time.Millisecond

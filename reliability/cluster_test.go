@@ -285,21 +285,32 @@ func TestFailoverLostLock(t *testing.T) {
 	repl.add(t, "lag", "timeout", "downstream", `{"timeout":0}`) // writes stop reaching the replica
 	src := newSource(0)
 	entered, promoted := make(chan struct{}), make(chan struct{})
+	var promote sync.Once
+	release := func() { promote.Do(func() { close(promoted) }) }
 	loadA := func(ctx context.Context) (string, error) {
 		src.loader(key, "A")(ctx)
 		close(entered)
 		<-promoted
 		return "A", nil
 	}
-	gotA := make(chan string, 1)
+	gotA, holderDone := make(chan string, 1), make(chan struct{})
 	go func() {
+		defer close(holderDone)
 		v, err := a.GetOrLoad(ctx, key, loadA)
 		if err != nil {
 			t.Errorf("holder: %v", err)
 		}
 		gotA <- v
 	}()
-	<-entered
+	// A Fatalf below must not leave the holder's loader blocked for ever
+	// (the run would then end in a hang or a leak report, not the failure):
+	// release it and wait for the holder before the test returns.
+	defer func() { release(); <-holderDone }()
+	select {
+	case <-entered:
+	case v := <-gotA:
+		t.Fatalf("the holder returned %q without calling its loader", v)
+	}
 	if n := newClient(t, primary.Addr, nil).Exists(ctx, lockKeyOf(key)).Val(); n != 1 {
 		t.Fatalf("lock on the primary: EXISTS = %d; want 1", n)
 	}
@@ -313,7 +324,7 @@ func TestFailoverLostLock(t *testing.T) {
 	if err != nil || v != "B" {
 		t.Errorf("other process after failover: GetOrLoad = %q, %v; want its own load %q", v, err, "B")
 	}
-	close(promoted)
+	release()
 	if v := <-gotA; v != "A" {
 		t.Errorf("holder got %q; want %q", v, "A")
 	}

@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"github.com/stampede-go/stampede/internal/leaktest"
 	mrand "math/rand/v2"
@@ -449,4 +450,18 @@ func Finish(code int) int {
 		}
 	}
 	return code
+}
+
+// Parallel makes n the default of -test.parallel (GOMAXPROCS otherwise),
+// for a package whose parallel tests mostly wait on Redis and on timers:
+// call it from TestMain before m.Run. A -parallel given to go test wins.
+func Parallel(n int) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(n))
+	}
 }
