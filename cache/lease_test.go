@@ -332,3 +332,35 @@ func TestNearCacheFollowsItsClientToAnotherServer(t *testing.T) {
 		require.Equal(t, "new", v.ID)
 	}
 }
+
+// Every command the near cache needs (docs/GUARANTEES.md, Redis ACLs),
+// refused one at a time: the near cache never serves, and says so once,
+// naming the command or the script that ran it.
+func TestNearCacheRefusedEachCommandItNeedsSaysSo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ rule, named string }{
+		{"-client|tracking", "CLIENT"},
+		{"-client|id", "CLIENT"},
+		{"-info", "INFO"},
+		{"-time", "LEASE SCRIPT"},    // Redis names the script's line, not the command
+		{"-hset", "LEASE SCRIPT"},    // Redis names the script's line, not the command
+		{"-hgetall", "LEASE SCRIPT"}, // Redis names the script's line, not the command
+		{"-pexpire", "LEASE SCRIPT"}, // Redis names the script's line, not the command
+		{"-evalsha", "EVALSHA"},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			t.Parallel()
+			rdb := limitedClient(t, tc.rule)
+			logs := &logCapture{}
+			c := New[product](rdb, WithPrefix("nr:"), WithLogger(slog.New(logs)))
+			defer c.Close()
+			require.True(t, eventually(func() bool { return len(logs.lines(slog.LevelError)) > 0 }), "no report")
+			time.Sleep(300 * time.Millisecond) // several more attempts
+			lines := logs.lines(slog.LevelError)
+			require.Len(t, lines, 1, "%q", lines)
+			assert.Contains(t, lines[0], "near cache not serving")
+			assert.Contains(t, strings.ToUpper(lines[0]), tc.named)
+			assert.False(t, nearReady(c))
+		})
+	}
+}
