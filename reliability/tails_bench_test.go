@@ -19,7 +19,7 @@ import (
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
-//	go test -run '^$' -bench BenchmarkSaturatedReads -benchtime 5000x ./reliability/   (one op: 1 ms of the run)
+// go test -run '^$' -bench BenchmarkSaturatedReads -benchtime 5000x ./reliability/   (one op: 1 ms of the run)
 func BenchmarkSaturatedReads(b *testing.B) {
 	for _, near := range []string{"off", "strict"} {
 		b.Run("near="+near, func(b *testing.B) { benchSaturated(b, near) })
