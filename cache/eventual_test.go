@@ -7,7 +7,6 @@
 package cache
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"strconv"
@@ -26,37 +25,13 @@ import (
 // while frozen is set: the process hears neither invalidations, markers nor
 // PONGs, as a frozen or cut-off process, while its other connections work.
 func freezableTracking(frozen *atomic.Bool) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		cn, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
+	// Reads are held back after they return: the receiving goroutine may
+	// already be blocked in one when the freeze begins.
+	return trackingDialer(nil, func() {
+		for frozen.Load() {
+			time.Sleep(time.Millisecond)
 		}
-		return &freezableConn{Conn: cn, frozen: frozen}, nil
-	}
-}
-
-type freezableConn struct {
-	net.Conn
-	frozen   *atomic.Bool
-	tracking atomic.Bool // the connection asked for CLIENT TRACKING
-}
-
-func (c *freezableConn) Write(b []byte) (int, error) {
-	if bytes.Contains(b, []byte("TRACKING")) {
-		c.tracking.Store(true)
-	}
-	return c.Conn.Write(b)
-}
-
-// Read holds back what it read while frozen: the receiving goroutine may
-// already be blocked in it when the freeze begins.
-func (c *freezableConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	for c.tracking.Load() && c.frozen.Load() {
-		time.Sleep(time.Millisecond)
-	}
-	return n, err
+	})
 }
 
 // freezableNearCache is a near-cached Cache, ready, whose tracking

@@ -93,23 +93,6 @@ func TestNearCacheServesUnderANarrowClientRule(t *testing.T) {
 	assert.Positive(t, ev.get(EventNearHit), "reads served from memory (none when the connection setup fails)")
 }
 
-// A user whose ACL refuses INFO (the tracking connections ask which server
-// they are on): the near cache never serves, and the log says why, once.
-func TestNearCacheRefusedACommandSaysSo(t *testing.T) {
-	t.Parallel()
-	rdb := limitedClient(t, "-info")
-	logs := &logCapture{}
-	c := New[product](rdb, WithPrefix("ni:"), WithLogger(slog.New(logs)))
-	defer c.Close()
-	require.True(t, eventually(func() bool { return len(logs.lines(slog.LevelError)) > 0 }), "no report")
-	time.Sleep(300 * time.Millisecond) // several more attempts
-	lines := logs.lines(slog.LevelError)
-	require.Len(t, lines, 1, "%q", lines)
-	assert.Contains(t, lines[0], "near cache not serving")
-	assert.Contains(t, lines[0], "INFO: NOPERM")
-	assert.False(t, nearReady(c))
-}
-
 // A listed holder that never acknowledges (one registered by hand) is waited
 // for until its lease ends, without an error; a ctx that ends first gets an
 // error that says the value was written.
@@ -341,7 +324,7 @@ func TestNearCacheRefusedEachCommandItNeedsSaysSo(t *testing.T) {
 	for _, tc := range []struct{ rule, named string }{
 		{"-client|tracking", "CLIENT"},
 		{"-client|id", "CLIENT"},
-		{"-info", "INFO"},
+		{"-info", "INFO: NOPERM"},
 		{"-time", "LEASE SCRIPT"},    // Redis names the script's line, not the command
 		{"-hset", "LEASE SCRIPT"},    // Redis names the script's line, not the command
 		{"-hgetall", "LEASE SCRIPT"}, // Redis names the script's line, not the command

@@ -22,39 +22,49 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// slowTracking is a dialer whose connections that turn client-side caching
-// on (the near cache's tracking connections) read each reply late: the
-// reader's invalidations land delay after Redis sent them, as over a slow
-// or busy link. Its other connections are not slowed.
-func slowTracking(delay time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// trackingDialer dials connections that call before and after (nil: not)
+// around each read once they turned client-side caching on: the near
+// cache's tracking connections. Its other connections are untouched.
+func trackingDialer(before, after func()) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var d net.Dialer
 		cn, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &lateTrackingConn{Conn: cn, delay: delay}, nil
+		return &trackingConn{Conn: cn, before: before, after: after}, nil
 	}
 }
 
-type lateTrackingConn struct {
+type trackingConn struct {
 	net.Conn
-	delay    time.Duration
-	tracking atomic.Bool // the connection asked for CLIENT TRACKING
+	before, after func()
+	tracking      atomic.Bool // the connection asked for CLIENT TRACKING
 }
 
-func (c *lateTrackingConn) Write(b []byte) (int, error) {
+func (c *trackingConn) Write(b []byte) (int, error) {
 	if bytes.Contains(b, []byte("TRACKING")) {
 		c.tracking.Store(true)
 	}
 	return c.Conn.Write(b)
 }
 
-func (c *lateTrackingConn) Read(b []byte) (int, error) {
-	if c.tracking.Load() {
-		time.Sleep(c.delay)
+func (c *trackingConn) Read(b []byte) (int, error) {
+	if c.tracking.Load() && c.before != nil {
+		c.before()
 	}
-	return c.Conn.Read(b)
+	n, err := c.Conn.Read(b)
+	if c.tracking.Load() && c.after != nil {
+		c.after()
+	}
+	return n, err
+}
+
+// slowTracking is a dialer whose tracking connections read each reply
+// late: the reader's invalidations land delay after Redis sent them, as
+// over a slow or busy link.
+func slowTracking(delay time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return trackingDialer(func() { time.Sleep(delay) }, nil)
 }
 
 // mixedReader is a Cache with a near cache whose invalidations arrive late.
