@@ -321,19 +321,22 @@ func TestNearCacheFollowsItsClientToAnotherServer(t *testing.T) {
 // naming the command or the script that ran it.
 func TestNearCacheRefusedEachCommandItNeedsSaysSo(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ rule, named string }{
-		{"-client|tracking", "CLIENT"},
-		{"-client|id", "CLIENT"},
-		{"-info", "INFO: NOPERM"},
-		{"-time", "LEASE SCRIPT"},    // Redis names the script's line, not the command
-		{"-hset", "LEASE SCRIPT"},    // Redis names the script's line, not the command
-		{"-hgetall", "LEASE SCRIPT"}, // Redis names the script's line, not the command
-		{"-pexpire", "LEASE SCRIPT"}, // Redis names the script's line, not the command
-		{"-evalsha", "EVALSHA"},
+	for _, tc := range []struct {
+		rule  []string // "-cmd|sub" is Redis 7 only: a subcommand is denied by allowing the others
+		named string
+	}{
+		{[]string{"-client", "+client|id", "+client|setname"}, "CLIENT"},
+		{[]string{"-client", "+client|tracking", "+client|setname"}, "CLIENT"},
+		{[]string{"-info"}, "INFO: NOPERM"},
+		{[]string{"-time"}, "LEASE SCRIPT"},    // Redis names the script's line, not the command
+		{[]string{"-hset"}, "LEASE SCRIPT"},    // Redis names the script's line, not the command
+		{[]string{"-hgetall"}, "LEASE SCRIPT"}, // Redis names the script's line, not the command
+		{[]string{"-pexpire"}, "LEASE SCRIPT"}, // Redis names the script's line, not the command
+		{[]string{"-evalsha"}, "EVALSHA"},
 	} {
-		t.Run(tc.rule, func(t *testing.T) {
+		t.Run(strings.Join(tc.rule, " "), func(t *testing.T) {
 			t.Parallel()
-			rdb := limitedClient(t, tc.rule)
+			rdb := limitedClient(t, tc.rule...)
 			logs := &logCapture{}
 			c := New[product](rdb, WithPrefix("nr:"), WithLogger(slog.New(logs)))
 			defer c.Close()
