@@ -28,6 +28,9 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
 		return zero, err
 	}
+	if err := c.checkTags(o.store.tags); err != nil { // on a near hit too: the call is wrong whatever memory holds
+		return zero, err
+	}
 	if load != nil && !o.force && !o.noStale && !o.skipNear {
 		if v, ok := c.nearGet(key); ok {
 			return v, nil
@@ -39,9 +42,6 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 	}
 	if load == nil {
 		return zero, ErrNilLoader
-	}
-	if err := c.checkTags(o.store.tags); err != nil {
-		return zero, err
 	}
 	tk := c.nearTicket(key) // before start: every read this caller takes is sent after it
 	start := time.Now()

@@ -98,6 +98,15 @@ func TestTagsNeedWithTags(t *testing.T) {
 	assert.ErrorIs(t, c.Set(ctx, "k", product{}, Tags("x")), ErrNoTags)
 	_, err := c.GetOrLoad(ctx, "k", (&counter{}).load, Tags("x"))
 	assert.ErrorIs(t, err, ErrNoTags)
+	// The same once the value is in memory: the call is wrong either way.
+	_, err = c.GetOrLoad(ctx, "m", (&counter{}).load)
+	require.NoError(t, err)
+	waitFor(t, func() bool {
+		_, _ = c.GetOrLoad(ctx, "m", (&counter{}).load)
+		return c.Stats().NearHits > 0
+	})
+	_, err = c.GetOrLoad(ctx, "m", (&counter{}).load, Tags("x"))
+	assert.ErrorIs(t, err, ErrNoTags, "a near hit hid the wrong call")
 	_, err = c.GetOrLoadMany(ctx, []string{"k"}, func(context.Context, []string) (map[string]product, error) { return nil, nil }, Tags("x"))
 	assert.ErrorIs(t, err, ErrNoTags)
 
