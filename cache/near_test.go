@@ -129,9 +129,15 @@ func TestNearCacheSharedValues(t *testing.T) {
 		_, err := c.GetOrLoad(t.Context(), "k", src.load)
 		require.NoError(t, err)
 	}
-	a, _ := c.GetOrLoad(t.Context(), "k", src.load)
-	b, _ := c.GetOrLoad(t.Context(), "k", src.load)
-	require.GreaterOrEqual(t, ev.get(EventNearHit), int64(2))
+	// Two reads both served from memory (a renewal late on a loaded machine
+	// can send one to Redis: then try again).
+	var a, b product
+	require.True(t, eventually(func() bool {
+		hits := ev.get(EventNearHit)
+		a, _ = c.GetOrLoad(t.Context(), "k", src.load)
+		b, _ = c.GetOrLoad(t.Context(), "k", src.load)
+		return ev.get(EventNearHit) == hits+2
+	}), "no two reads in a row from memory")
 	a.Tags["x"] = "y"
 	assert.Equal(t, "y", b.Tags["x"], "WithNearShared hands out one value")
 }
