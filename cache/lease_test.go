@@ -123,13 +123,15 @@ func TestWriteWaitsOutASilentHolder(t *testing.T) {
 // A writer whose own acknowledgement channel is not subscribed yet (a Cache
 // just created, its tracking connection still dialing) loses the holders'
 // first acknowledgements; it asks again (the marker, republished after the
-// write) instead of waiting out their leases.
+// write) as soon as its subscription is confirmed, neither waiting out their
+// leases nor the quarter lease of its timed asks.
 func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
 	t.Parallel()
 	admin, p := setup(t)
-	// Leases long enough that a late renewal under load does not end the
-	// reader's before the writer's second ask (at a quarter lease).
-	const leaseLen = 3 * time.Second
+	// Leases so long that the writer's first timed ask (a quarter lease, 5 s)
+	// comes after the Set's deadline below: only the ask made when its
+	// subscription is confirmed (400 ms) gets the write confirmed in time.
+	const leaseLen = 20 * time.Second
 	r, _, _ := newNearCache(t, p, WithNearLease(leaseLen))
 	src := &counter{}
 	require.True(t, eventually(func() bool { // the old value in r's memory
@@ -151,7 +153,9 @@ func TestWriterAsksAgainForLostAcknowledgements(t *testing.T) {
 	w := New[product](rdb, WithPrefix(p), WithNearCache(1<<20), WithNearLease(leaseLen), wev.option())
 	defer w.Close()
 	require.False(t, w.near.track.Sure(), "the test wants the write made before the writer's subscription")
-	require.NoError(t, w.Set(t.Context(), "k", product{ID: "v1"}))
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Second)
+	defer cancel()
+	require.NoError(t, w.Set(ctx, "k", product{ID: "v1"}), "not confirmed before the writer's first timed ask")
 	assert.Zero(t, wev.get(EventNearLeaseWait), "the writer waited out a running holder's lease: its lost acknowledgement was not asked for again")
 	got, err := r.GetOrLoad(t.Context(), "k", src.load)
 	require.NoError(t, err)

@@ -70,7 +70,7 @@ func (r scaleRow) name() string {
 // stays a couple of minutes.
 func (r scaleRow) byDefault() bool {
 	switch {
-	case r.reads:
+	case r.reads || r.writers == 16:
 		return false
 	case r.near == "off":
 		return true
@@ -86,11 +86,11 @@ func (r scaleRow) byDefault() bool {
 // names sub-benchmarks (it has a '/'; Go's matcher then picks among them),
 // else only the default ones.
 func scaleRows() []scaleRow {
-	all := []scaleRow{{near: "off", writers: 1}, {near: "off", writers: 8}}
+	all := []scaleRow{{near: "off", writers: 1}, {near: "off", writers: 8}, {near: "off", writers: 16}}
 	for _, near := range []string{"strict", "eventual"} {
 		for _, procs := range []int{1, 4, 16, 32} {
 			for _, hold := range []string{"written", "other"} {
-				for _, writers := range []int{1, 8} {
+				for _, writers := range []int{1, 8, 16} {
 					all = append(all, scaleRow{near: near, procs: procs, hold: hold, writers: writers})
 				}
 			}

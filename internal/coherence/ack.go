@@ -74,8 +74,10 @@ func (t *Tracker) sendAck(marker string) {
 	}
 }
 
-// ackLoop publishes the queued acknowledgements, those queued together in
-// one pipeline, until ctx ends.
+// ackLoop publishes the queued acknowledgements until ctx ends: those
+// queued together in one pipeline, one message per writer that covers all
+// of its markers among them, so that writes in flight together cost a
+// holder one message per writer, not one per write.
 func (t *Tracker) ackLoop(ctx context.Context) {
 	defer t.done.Done()
 	for {
@@ -97,12 +99,25 @@ func (t *Tracker) ackLoop(ctx context.Context) {
 		}
 		pctx, cancel := context.WithTimeout(ctx, t.lease)
 		_, _ = t.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
-			for _, m := range batch {
-				writer, seq, _ := strings.Cut(m, ":")
-				p.Publish(pctx, ackChannel(t.prefix, writer), t.id+":"+seq)
+			for writer, seqs := range ackMessages(batch) {
+				p.Publish(pctx, ackChannel(t.prefix, writer), t.id+":"+seqs)
 			}
 			return nil
 		})
 		cancel()
 	}
+}
+
+// ackMessages groups markers ("<writer>:<seq>") by writer: for each, the
+// acknowledgement's sequence numbers, comma-separated.
+func ackMessages(markers []string) map[string]string {
+	out := make(map[string]string, 1)
+	for _, m := range markers {
+		writer, seq, _ := strings.Cut(m, ":")
+		if prev, ok := out[writer]; ok {
+			seq = prev + "," + seq
+		}
+		out[writer] = seq
+	}
+	return out
 }

@@ -52,3 +52,23 @@ func TestOwnMarkersIgnoredAndDropsAcknowledge(t *testing.T) {
 	assert.Equal(t, "writer:7", <-tr.acks)
 	assert.Empty(t, tr.marks)
 }
+
+// Markers acknowledged together make one message per writer, listing its
+// writes; the writer takes each of them from it, and only those it waits
+// for.
+func TestOneAcknowledgementPerWriter(t *testing.T) {
+	assert.Equal(t, map[string]string{"w1": "1,3,4", "w2": "9"}, ackMessages([]string{"w1:1", "w2:9", "w1:3", "w1:4"}))
+
+	w := &Tracker{pending: map[string]*confirmation{}}
+	cf := func() *confirmation { return &confirmation{acked: map[string]bool{}, ch: make(chan struct{}, 1)} }
+	one, three := cf(), cf()
+	w.pending["1"], w.pending["3"] = one, three
+	w.acked("holder:1,2,3")
+	assert.True(t, one.acked["holder"])
+	assert.True(t, three.acked["holder"])
+	assert.Len(t, one.ch, 1, "write 1 not woken")
+	assert.Len(t, three.ch, 1, "write 3 not woken")
+	w.acked("bad")
+	w.acked("other:3")
+	assert.Equal(t, map[string]bool{"holder": true, "other": true}, three.acked)
+}

@@ -28,6 +28,7 @@ type confirmation struct {
 	acked map[string]bool // by holder id; protected by mu
 	ch    chan struct{}   // a new acknowledgement came
 	gen   uint64          // a writer without a near cache: its subscription's generation when the write began
+	sure  bool            // a near cache's tracker: it was sure when the write began
 }
 
 // Write runs a write of keys under the tracker's prefix and announces it to
@@ -101,7 +102,7 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 // acknowledgement may come before the confirmation's reply); end forgets it.
 func (t *Tracker) begin() (seq, marker string, cf *confirmation) {
 	seq = strconv.FormatUint(t.seq.Add(1), 10)
-	cf = &confirmation{acked: map[string]bool{}, ch: make(chan struct{}, 1), gen: t.sub.gen.Load()}
+	cf = &confirmation{acked: map[string]bool{}, ch: make(chan struct{}, 1), gen: t.sub.gen.Load(), sure: t.ready.Load()}
 	t.pmu.Lock()
 	t.pending[seq] = cf
 	t.pmu.Unlock()
@@ -160,9 +161,16 @@ func (t *Tracker) await(ctx context.Context, cf *confirmation, marker string, re
 	}
 	ask := &asker{t: t, marker: marker, next: recv + int64(t.lease/4)}
 	var heard <-chan struct{} // closed when acknowledgements sent before may have been lost
-	if t.writerOnly && len(need) > 0 {
+	switch {
+	case len(need) == 0:
+	case t.writerOnly:
 		heard = t.listen(cf.gen)
 		defer t.unlisten()
+	case !cf.sure:
+		// The write began before this tracker's acknowledgement channel was
+		// confirmed (a Cache just made): ask again as soon as it is, not
+		// a quarter lease later.
+		heard = t.whenSure()
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -180,7 +188,10 @@ func (t *Tracker) await(ctx context.Context, cf *confirmation, marker string, re
 		select {
 		case <-cf.ch:
 		case <-heard:
-			heard = t.relisten()
+			heard = nil
+			if t.writerOnly {
+				heard = t.relisten()
+			}
 			go ask.publish(ctx)
 		case <-timer.C:
 		case <-ctx.Done():
@@ -310,27 +321,31 @@ func parseLeases(reply []any) (now, since int64, leases map[string]int64, err er
 	return now, since, leases, nil
 }
 
-// acked records an acknowledgement ("<holder>:<seq>") heard on this
-// tracker's acknowledgement channel, which its own tracking connections
-// subscribe (a writer's tracker: its acknowledgement subscription, see
-// writer.go): a holder's PUBLISH reaches it on a single server, through the
-// bus on a cluster, and on the channel's shard on a Ring.
+// acked records an acknowledgement ("<holder>:<seq>[,<seq>...]", one
+// message for every write of this writer the holder saw together) heard on
+// this tracker's acknowledgement channel, which its own tracking
+// connections subscribe (a writer's tracker: its acknowledgement
+// subscription, see writer.go): a holder's PUBLISH reaches it on a single
+// server, through the bus on a cluster, and on the channel's shard on a
+// Ring.
 func (t *Tracker) acked(payload string) {
-	holder, seq, ok := strings.Cut(payload, ":")
+	holder, seqs, ok := strings.Cut(payload, ":")
 	if !ok {
 		return
 	}
-	t.pmu.Lock()
-	cf := t.pending[seq]
-	t.pmu.Unlock()
-	if cf == nil {
-		return // a write that already returned (its holder's lease ran out first)
-	}
-	cf.mu.Lock()
-	cf.acked[holder] = true
-	cf.mu.Unlock()
-	select {
-	case cf.ch <- struct{}{}:
-	default:
+	for seq := range strings.SplitSeq(seqs, ",") {
+		t.pmu.Lock()
+		cf := t.pending[seq]
+		t.pmu.Unlock()
+		if cf == nil {
+			continue // a write that already returned (its holder's lease ran out first)
+		}
+		cf.mu.Lock()
+		cf.acked[holder] = true
+		cf.mu.Unlock()
+		select {
+		case cf.ch <- struct{}{}:
+		default:
+		}
 	}
 }

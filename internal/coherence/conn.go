@@ -97,12 +97,14 @@ func nodeOptions(base *redis.Options) redis.Options {
 // It takes no lock: it runs wherever go-redis dials, register included.
 func (h *Hub) onConnect(n *node, user func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
 	return func(ctx context.Context, cn *redis.Conn) error {
+		// Named first, for operators and for the client's own OnConnect,
+		// which may tell the tracking connection apart; an ACL may refuse it.
+		_ = cn.ClientSetName(ctx, ClientName).Err()
 		if user != nil {
 			if err := user(ctx, cn); err != nil {
 				return err
 			}
 		}
-		_ = cn.ClientSetName(ctx, ClientName).Err() // for operators only: an ACL may refuse it
 		id, err := cn.ClientID(ctx).Result()
 		if err != nil {
 			return h.refuse(fmt.Errorf("CLIENT ID: %w", err))

@@ -234,7 +234,7 @@ func (h *Hub) settle() {
 			all = all && n.serves(t)
 		}
 		if all {
-			t.ready.Store(true)
+			t.becomeSure()
 			select { // serve only once the lease is renewed over these connections
 			case t.renewNow <- struct{}{}:
 			default:

@@ -60,9 +60,11 @@ type Tracker struct {
 	seed   maphash.Seed
 	hooks  Hooks
 
-	gens  [stripes]atomic.Uint64 // per stripe: invalidations seen
-	epoch atomic.Uint64          // every drop of everything
-	ready atomic.Bool            // every node is subscribed and nothing is in doubt
+	gens   [stripes]atomic.Uint64 // per stripe: invalidations seen
+	epoch  atomic.Uint64          // every drop of everything
+	ready  atomic.Bool            // every node is subscribed and nothing is in doubt
+	smu    sync.Mutex             // protects sureCh; held while ready turns true
+	sureCh chan struct{}          // closed when ready next turns true; nil: nobody waits
 
 	hub    *Hub         // its tracking connections, shared with the other trackers of its client
 	ownHub bool         // made by New or NewEventual: Close closes it
@@ -202,6 +204,31 @@ func (t *Tracker) Serving() bool {
 // Sure reports whether every tracking connection is subscribed and nothing
 // is in doubt, lease or not.
 func (t *Tracker) Sure() bool { return t.ready.Load() }
+
+// whenSure returns nil if the tracker is sure, else a channel closed once
+// it is: its acknowledgement channel is then confirmed on every connection.
+func (t *Tracker) whenSure() <-chan struct{} {
+	t.smu.Lock()
+	defer t.smu.Unlock()
+	if t.ready.Load() {
+		return nil
+	}
+	if t.sureCh == nil {
+		t.sureCh = make(chan struct{})
+	}
+	return t.sureCh
+}
+
+// becomeSure marks the tracker sure and wakes whoever whenSure answered.
+func (t *Tracker) becomeSure() {
+	t.smu.Lock()
+	defer t.smu.Unlock()
+	t.ready.Store(true)
+	if t.sureCh != nil {
+		close(t.sureCh)
+		t.sureCh = nil
+	}
+}
 
 // ID is this process's holder id: its field in the registry.
 func (t *Tracker) ID() string { return t.id }
