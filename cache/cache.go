@@ -229,7 +229,6 @@ func (c *Cache[V]) Clear(ctx context.Context) error {
 // open. Close is safe to call more than once and from several goroutines.
 // It always returns nil.
 func (c *Cache[V]) Close() error {
-	c.share.release()
 	c.bgMu.Lock()
 	c.closed = true
 	c.bgMu.Unlock()
@@ -238,6 +237,9 @@ func (c *Cache[V]) Close() error {
 		c.near.close()
 	}
 	c.closeWriter()
+	// Last: the near cache gives its lease back over the client's shared
+	// tracking connections, acknowledging the writes that still counted on it.
+	c.share.release()
 	return nil
 }
 

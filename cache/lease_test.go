@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -215,6 +216,53 @@ func TestCloseResigns(t *testing.T) {
 	require.True(t, eventually(func() bool { return rdb.HExists(t.Context(), coherence.RegistryKey(p), id).Val() }), "never registered")
 	require.NoError(t, c.Close())
 	assert.False(t, rdb.HExists(t.Context(), coherence.RegistryKey(p), id).Val(), "a closed cache still holds its lease")
+}
+
+// A Cache closing while another process writes acknowledges the writes
+// that still counted on it (their registry read came before it gave its
+// lease back) instead of leaving them to wait out its lease: Close gives
+// the lease back first, takes in the markers sent before with a PING, and
+// acknowledges them before it closes its connections.
+func TestCloseDuringWritesIsNotWaitedOut(t *testing.T) {
+	t.Parallel()
+	admin, p := setup(t)
+	// Leases long enough that a write waiting one out would outlast the
+	// writers' 3 s deadline below.
+	const leaseLen = 10 * time.Second
+	w, _, wev := newNearCache(t, p, WithNearLease(leaseLen))
+	// A registry older than a lease, or every write waits one out.
+	require.NoError(t, admin.HSet(t.Context(), coherence.RegistryKey(p), "~since", serverMillis(t, admin)-leaseLen.Milliseconds()).Err())
+	src := &counter{}
+	for round := range 5 {
+		r, _, _ := newNearCache(t, p, WithNearLease(leaseLen))
+		_, err := r.GetOrLoad(t.Context(), "k", src.load)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		var wg sync.WaitGroup
+		var writes atomic.Int64
+		errs := make(chan error, 4)
+		for range 4 {
+			wg.Go(func() {
+				for ctx.Err() == nil && writes.Add(1) <= 200 {
+					if err := w.Set(ctx, "k", product{ID: "v"}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		for writes.Load() < 20 && ctx.Err() == nil && len(errs) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		require.NoError(t, r.Close())
+		wg.Wait()
+		cancel()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err, "round %d: a write waited for the closed cache", round)
+		}
+	}
+	assert.Zero(t, wev.get(EventNearLeaseWait), "writes waited out the lease of a cache that closed")
 }
 
 // The registry and the marker keys are reserved: no value can be stored

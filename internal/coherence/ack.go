@@ -84,28 +84,43 @@ func (t *Tracker) ackLoop(ctx context.Context) {
 		var batch []string
 		select {
 		case <-ctx.Done():
+			// Closing: what resign took in is still owed to its writers.
+			t.publishAcks(ctx, t.queuedAcks(nil))
 			return
 		case m := <-t.acks:
 			batch = append(batch, m)
 		}
-	drain:
-		for len(batch) < 256 {
-			select {
-			case m := <-t.acks:
-				batch = append(batch, m)
-			default:
-				break drain
-			}
-		}
-		pctx, cancel := context.WithTimeout(ctx, t.lease)
-		_, _ = t.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
-			for writer, seqs := range ackMessages(batch) {
-				p.Publish(pctx, ackChannel(t.prefix, writer), t.id+":"+seqs)
-			}
-			return nil
-		})
-		cancel()
+		t.publishAcks(ctx, t.queuedAcks(batch))
 	}
+}
+
+// queuedAcks appends to batch the acknowledgements queued, up to 256.
+func (t *Tracker) queuedAcks(batch []string) []string {
+	for len(batch) < 256 {
+		select {
+		case m := <-t.acks:
+			batch = append(batch, m)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// publishAcks publishes batch in one pipeline, within a lease, even if ctx
+// ends meanwhile (Close): writers wait for it.
+func (t *Tracker) publishAcks(ctx context.Context, batch []string) {
+	if len(batch) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.lease)
+	defer cancel()
+	_, _ = t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for writer, seqs := range ackMessages(batch) {
+			p.Publish(ctx, ackChannel(t.prefix, writer), t.id+":"+seqs)
+		}
+		return nil
+	})
 }
 
 // ackMessages groups markers ("<writer>:<seq>") by writer: for each, the

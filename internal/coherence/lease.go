@@ -217,9 +217,14 @@ func (h *Hub) pong(n *node, payload string) {
 }
 
 // resign removes this holder from the registry at Close, so that writers
-// do not wait for a process that no longer serves memory.
+// do not wait for a process that no longer serves memory; then, with a
+// PING on every tracking connection, it takes in the markers of the writes
+// that read the registry before, so that they are acknowledged, not waited
+// out. Bounded by a quarter lease.
 func (t *Tracker) resign() {
-	ctx, cancel := context.WithTimeout(context.Background(), t.lease)
+	ctx, cancel := context.WithTimeout(context.Background(), t.lease/4)
 	defer cancel()
-	_ = t.rdb.HDel(ctx, t.registry, t.id).Err()
+	if t.rdb.HDel(ctx, t.registry, t.id).Err() == nil {
+		t.hub.pingAll(ctx, t.hub.conns())
+	}
 }

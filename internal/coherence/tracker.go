@@ -184,15 +184,15 @@ func (t *Tracker) Close() {
 	}
 	t.ready.Store(false) // nothing served from here on, before the lease is given back
 	t.leaseUntil.Store(0)
-	t.stop()
+	if !t.eventual { // (it never registered)
+		t.resign()
+	}
+	t.stop() // ackLoop sends what is queued before it returns
 	t.hub.unregister(t)
 	if t.ownHub {
 		t.hub.Close()
 	}
 	t.done.Wait()
-	if !t.eventual { // it never registered
-		t.resign()
-	}
 }
 
 // Serving reports whether memory may be served: the tracker is sure of its
