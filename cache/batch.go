@@ -194,10 +194,10 @@ func (b *batch[V]) run() {
 	defer waits.Wait()
 	defer b.recover(ctx)
 
-	if !c.brk.allow() {
+	if !c.brk.Allow() {
 		var uncached []string
 		for _, k := range b.keys {
-			if b.outage(ctx, k, c.brk.err()) {
+			if b.outage(ctx, k, c.brk.Err()) {
 				uncached = append(uncached, k)
 			}
 		}
@@ -523,7 +523,7 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 		class, first = errFull, full
 	}
 	if len(keys) > 0 {
-		c.brk.record(keys[0], class, first)
+		c.brk.Record(keys[0], class, first)
 	}
 	return classes
 }

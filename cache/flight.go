@@ -104,7 +104,7 @@ func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Con
 		}
 	}()
 	at := time.Now() // one clock read for both: before the GET is sent, as at must be
-	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout, at), key, load, o, at)
+	return c.fetch(c.deadline.Within(ctx, c.cfg.loadTimeout, at), key, load, o, at)
 }
 
 // value hands a flight's result to one caller.
@@ -168,7 +168,7 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 		err = nil
 	}
 	class := c.classify(err)
-	c.brk.record(key, class, err)
+	c.brk.Record(key, class, err)
 	if class != errNone {
 		c.cfg.emit(EventRedisError, key, 0, err)
 	}
@@ -176,11 +176,11 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 }
 
 // report hands an absorbed error to the error hook. Redis refusing writes
-// for want of memory is told once per episode (see health.full), named as
+// for want of memory is told once per episode (see health.State), named as
 // such: it is a sizing problem for the operator, not one per key.
 func (c *Cache[V]) report(key string, err error) {
 	if c.classify(err) == errFull {
-		ep := c.share.res.health.episode.Load()
+		ep := c.share.res.health.Episode()
 		if c.share.fullSeen.Swap(ep) == ep {
 			return
 		}
@@ -194,8 +194,8 @@ func (c *Cache[V]) report(key string, err error) {
 // fetch is one flight: read, then read-or-lock until a value or the lock.
 // at is a moment before the read is sent.
 func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, at time.Time) (*result[V], error) {
-	if !c.brk.allow() {
-		return c.redisFailed(ctx, key, c.brk.err(), load, o)
+	if !c.brk.Allow() {
+		return c.redisFailed(ctx, key, c.brk.Err(), load, o)
 	}
 	b, err := c.redisio.Get(ctx, key)
 	var skip []byte        // bytes at key we could not decode, or must reload: a miss, to be replaced

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redisio"
 )
@@ -79,7 +80,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 	for i, k := range keys {
 		names[i] = k.name
 		if k.lk != nil {
-			k.lk.renewed.Store(int64(k.locked.Sub(epoch)))
+			k.lk.renewed.Store(clock.At(k.locked))
 		}
 	}
 	stop := c.watchdog(ctx, keys)
@@ -399,7 +400,7 @@ func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
 		calls[i] = redisio.ScriptCall{Keys: k.lk.keys(), Args: []any{k.lk.token, c.cfg.lockTTL.Milliseconds(), ""}}
 		keys[i] = k.key
 	}
-	at := nanotime()
+	at := clock.Now()
 	cmds := c.eval(ctx, redisio.ScriptRun{Script: unlockScript, Src: unlockLua, Calls: calls})
 	errs := make([]error, len(cmds))
 	for i, cmd := range cmds {

@@ -11,6 +11,7 @@ import (
 	_ "embed"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/token"
 )
 
@@ -45,7 +46,7 @@ type loadLock struct {
 // Delete or Set: the write wins, by design) rather than lost by its lease
 // running out (a holder frozen or cut off past its lock TTL).
 func (l *loadLock) voided(lockTTL time.Duration) bool {
-	return nanotime()-l.renewed.Load() < int64(lockTTL)
+	return clock.Now()-l.renewed.Load() < int64(lockTTL)
 }
 
 func newLoadLock(key string) *loadLock {

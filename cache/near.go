@@ -17,6 +17,7 @@ import (
 
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/coherence"
 )
 
@@ -176,7 +177,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			return uint32(min(len(k)+len(e.data)+nearEntryOverhead, math.MaxUint32))
 		},
 		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, *nearEntry[V]]) time.Duration {
-			return max(time.Duration(e.Value.until-nanotime()), time.Nanosecond)
+			return max(time.Duration(e.Value.until-clock.Now()), time.Nanosecond)
 		}),
 		OnDeletion: func(e otter.DeletionEvent[string, *nearEntry[V]]) {
 			if e.Cause == otter.CauseOverflow {
@@ -185,7 +186,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			}
 		},
 	})
-	health := &c.share.res.health // not c: the near cache must not keep its Cache alive
+	health := c.share.res.health // not c: the near cache must not keep its Cache alive
 	tags := c.tags
 	hub := c.share.res.nearHub() // one tracking connection per master for every Cache on the client
 	track := hub.New
@@ -213,7 +214,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		OnLapse: func(holder string) {
 			cfg.emit(EventNearLeaseWait, holder, 0, nil)
 		},
-		OnRefused: func(err error) { health.nearRefused(cfg.prefix, err) },
+		OnRefused: func(err error) { health.NearRefused(cfg.prefix, err) },
 		Global:    tags.global,
 	})
 	return n
@@ -223,11 +224,11 @@ func newNear[V any](c *Cache[V]) *near[V] {
 // memory, if it is there, fresh, and the tracker is serving (sure of its
 // invalidations, its lease running).
 func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
-	if !n.track.Serving() || c.brk.open() {
+	if !n.track.Serving() || c.brk.Open() {
 		return v, false
 	}
 	e, ok := n.store.GetIfPresent(key)
-	now := nanotime()
+	now := clock.Now()
 	if !ok || now >= e.until {
 		return v, false
 	}
@@ -261,7 +262,7 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	if left <= 0 {
 		return
 	}
-	e := &nearEntry[V]{data: r.data, until: nanotime() + int64(left)}
+	e := &nearEntry[V]{data: r.data, until: clock.Now() + int64(left)}
 	if n.shared || n.clones {
 		v, err := c.decodeCopy(r.data)
 		if err != nil {

@@ -26,8 +26,8 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	if err != nil {
 		return zero, err
 	}
-	if !c.brk.allow() {
-		return zero, c.brk.err()
+	if !c.brk.Allow() {
+		return zero, c.brk.Err()
 	}
 	tk := c.nearTicket(key)
 	at := time.Now()

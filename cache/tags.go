@@ -251,8 +251,8 @@ func (c *Cache[V]) deleteVersions(ctx context.Context, keys []string) error {
 	if !c.cfg.tags {
 		return ErrNoTags
 	}
-	if !c.brk.allow() {
-		return c.brk.err()
+	if !c.brk.Allow() {
+		return c.brk.Err()
 	}
 	all := append([]string{c.tags.clock}, keys...)
 	mem := tagMemory.Milliseconds()

@@ -159,8 +159,8 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	if c.cfg.stale <= 0 {
 		return c.delete(ctx, []string{key})
 	}
-	if !c.brk.allow() {
-		return c.brk.err()
+	if !c.brk.Allow() {
+		return c.brk.Err()
 	}
 	b, err := c.redisio.Get(ctx, full) // from the master, as every read of the miss path
 	switch c.readReply(full, err) {
