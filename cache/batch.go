@@ -284,7 +284,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 			raws[i], _ = cmds[i].Bytes()
 		}
 	}
-	current := c.currentAll(ctx, raws)
+	current := c.tags.CurrentAll(ctx, raws)
 	for i, k := range b.keys {
 		if raws[i] != nil {
 			hits[i] = b.hit(k, c.decodeFor(k, raws[i], at, current))

@@ -16,6 +16,7 @@ import (
 	"github.com/stampede-go/stampede/internal/health"
 	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redisio"
+	"github.com/stampede-go/stampede/internal/tags"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -36,7 +37,7 @@ type Cache[V any] struct {
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
 	registry string             // the near caches' lease registry: a reserved key
 	markKeys string             // what writers' marker keys begin with: reserved
-	tags     *tagState          // tag versions (see WithTags)
+	tags     *tags.Versions     // tag versions (see WithTags)
 
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
@@ -65,7 +66,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	c.registry, c.markKeys = coherence.RegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
-	c.tags = newTagState(c.cfg.prefix)
+	c.tags = tags.New(rdb, c.cfg.prefix, c.cfg.tags)
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify
@@ -75,6 +76,9 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	if c.cfg.near.on() && nearSupported(rdb) {
 		c.near = newNear(c)
 		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too
+	}
+	if c.near != nil {
+		c.tags.Track(c.near.track) // versions kept in memory under the near cache's coherence
 	}
 	return c
 }
@@ -220,7 +224,7 @@ func (c *Cache[V]) DeleteByTag(ctx context.Context, tags ...string) error {
 // needs [WithTags]: records written by a process without it are removed
 // too, but only processes with it check for Clear.
 func (c *Cache[V]) Clear(ctx context.Context) error {
-	return c.deleteVersions(ctx, []string{c.tags.all})
+	return c.deleteVersions(ctx, []string{c.tags.All})
 }
 
 // Close gives back the Cache's hold on what the caches on its Redis client

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/lockkey"
 	"github.com/stampede-go/stampede/internal/record"
 )
 
@@ -155,7 +156,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 		return "", ErrEmptyKey
 	}
 	k = c.cfg.prefix + k
-	if isLockName(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) || c.tags.global(k) {
+	if lockkey.Is(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) || c.tags.Global(k) {
 		return "", fmt.Errorf("%w: %q", ErrReservedKey, k)
 	}
 	return k, nil
@@ -366,7 +367,7 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 // too, sent to the observer as EventDecodeError and to the error hook once
 // per key (see decodeReports).
 func (c *Cache[V]) decode(ctx context.Context, key string, b []byte, at time.Time) *result[V] {
-	return c.decodeFor(key, b, at, func(st record.Stamp) (bool, error) { return c.current(ctx, st) })
+	return c.decodeFor(key, b, at, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) })
 }
 
 // decodeFor is decode with the check of a record's stamp given: a batch

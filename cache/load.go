@@ -23,6 +23,7 @@ import (
 	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redisio"
+	"github.com/stampede-go/stampede/internal/tags"
 )
 
 var (
@@ -85,7 +86,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 	}
 	stop := c.watchdog(ctx, keys)
 	opts := &loadOptions{ttl: store.ttl, tags: slices.Clone(store.tags), tagging: c.cfg.tags}
-	st, err := c.stampOf(ctx, nil) // before the loader reads the source
+	st, err := c.tags.Stamp(ctx, nil) // before the loader reads the source
 	if err != nil {
 		c.report(keys[0].key, fmt.Errorf("%w; the loaded values are not stored", err))
 		opts.noCache = true
@@ -122,7 +123,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 	for j, e := range ends {
 		stamps[j] = e.stamp
 	}
-	vouched := c.vouched(ctx, stamps)
+	vouched := c.tags.Vouched(ctx, stamps)
 	for j, i := range held {
 		if rs[i] != nil {
 			rs[i].at = keys[i].locked
@@ -165,7 +166,7 @@ func (c *Cache[V]) resultOf(key string, v V, ok bool) (*result[V], error) {
 func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, took time.Duration, st *record.Stamp) lockEnd {
 	end := lockEnd{key: k.key, lk: k.lk}
 	if st != nil {
-		st = &record.Stamp{Clock: st.Clock, Tags: mergeTags(opts.tags, k.priorTags())}
+		st = &record.Stamp{Clock: st.Clock, Tags: tags.Merge(opts.tags, k.priorTags())}
 	}
 	switch {
 	case err != nil && k.fallback != nil: // stale-if-error: keep the old value for the throttle

@@ -1,6 +1,7 @@
-// lock.go is the load lock GetOrLoad takes on a miss. Every script that
-// touches it names the value key first, so that a redis.Ring (which routes a
-// script by its first key) keeps the value and its lock on one shard.
+// lock.go is the load lock GetOrLoad takes on a miss, and its name. Every
+// script that touches it names the value key first, so that a redis.Ring
+// (which routes a script by its first key) keeps the value and its lock on
+// one shard.
 
 package cache
 
@@ -12,8 +13,22 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/clock"
+	"github.com/stampede-go/stampede/internal/lockkey"
 	"github.com/stampede-go/stampede/internal/token"
 )
+
+// LockKey returns the Redis key of the load lock that [Cache.GetOrLoad] takes
+// for the value stored at valueKey (the full key, prefix included), for
+// operators and tests. It is valueKey+"{T}:stampede:lock", where T is a short
+// string that Redis Cluster hashes to valueKey's slot, or
+// valueKey+"{}:stampede:lock" when valueKey has a hash tag (which then keeps
+// deciding the slot). Both start with valueKey, so an ACL key pattern that
+// grants the values ("~product:*") grants their locks. The one exception is a
+// key with a '{' that opens no hash tag ("a{b"): its lock is
+// "{T}:stampede:lock"+valueKey+"}", outside the prefix. The lock is in the
+// value's slot, distinct for every value key, and never equal to a key the
+// cache accepts (see [ErrReservedKey]).
+func LockKey(valueKey string) string { return lockkey.Of(valueKey) }
 
 var (
 	//go:embed scripts/unlock.lua

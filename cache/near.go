@@ -196,7 +196,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
 			if all {
-				tags.forget()
+				tags.Forget()
 				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
 					n.store.InvalidateAll()
 					cfg.emit(EventNearDrop, "", 0, nil)
@@ -215,7 +215,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			cfg.emit(EventNearLeaseWait, holder, 0, nil)
 		},
 		OnRefused: func(err error) { health.NearRefused(cfg.prefix, err) },
-		Global:    tags.global,
+		Global:    tags.Global,
 	})
 	return n
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/record"
+	"github.com/stampede-go/stampede/internal/tags"
 )
 
 var (
@@ -40,7 +41,7 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	if err != nil {
 		return err
 	}
-	st, err := c.stampOf(ctx, mergeTags(o.store.tags, nil))
+	st, err := c.tags.Stamp(ctx, tags.Merge(o.store.tags, nil))
 	if err != nil {
 		return err
 	}
