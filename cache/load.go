@@ -225,7 +225,7 @@ func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration, st *record.Stamp) 
 	if !c.cfg.withFreshness() {
 		return record.Build(0, record.Freshness{}, st, data), ttl
 	}
-	px = addSat(ttl, c.cfg.keepPast(took))
+	px = addSat(ttl, c.cfg.fresh().KeepPast(took))
 	if st != nil {
 		px = min(px, tagMemory)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/coherence"
+	"github.com/stampede-go/stampede/internal/freshness"
 )
 
 // nearEntryOverhead is what an entry costs besides its key and payload: the
@@ -256,7 +257,7 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	// replica's lag. Such a Cache has no near cache: see newNear.)
 	left := time.Until(r.fresh.Expiry) // a wall-clock expiry, as Redis's own
 	if c.cfg.beta > 0 {
-		left -= refreshLead(c.cfg.beta, r.fresh, r.head)
+		left -= freshness.Lead(c.cfg.beta, r.fresh, r.head)
 	}
 	left = min(left, n.maxAge)
 	if left <= 0 {
