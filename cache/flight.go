@@ -434,14 +434,24 @@ func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Co
 // refusing the lock for want of memory (OOM), which FailOpen meets as it
 // meets an outage: one load per key per process at a time, uncached.
 func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
+	if err := c.outage(ctx, key, err); err != nil {
+		return nil, err
+	}
+	return c.loadHeld(ctx, loadKey{key: key, name: key}, load, o) // SetTTL works, though nothing is stored
+}
+
+// outage applies the failure policy to key, which Redis could not serve
+// (err: the Redis error, or the open breaker's): nil under FailOpen while
+// the load timeout allows, to load key uncached; else the caller's error.
+func (c *Cache[V]) outage(ctx context.Context, key string, err error) error {
 	if !errors.Is(err, ErrCircuitOpen) {
 		err = fmt.Errorf("cache: redis: %w", err)
 	}
 	if ctx.Err() != nil || c.cfg.policy == FailClosed {
-		return nil, err
+		return err
 	}
 	if !errors.Is(err, ErrCircuitOpen) { // an open breaker is reported once, as EventBreakerOpen
 		c.report(key, err)
 	}
-	return c.loadHeld(ctx, loadKey{key: key, name: key}, load, o) // SetTTL works, though nothing is stored
+	return nil
 }

@@ -403,10 +403,7 @@ func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
 	}
 	at := clock.Now()
 	cmds := c.eval(ctx, redisio.ScriptRun{Script: unlockScript, Src: unlockLua, Calls: calls})
-	errs := make([]error, len(cmds))
-	for i, cmd := range cmds {
-		errs[i] = cmd.Err()
-	}
+	errs := errsOf(cmds)
 	c.round(keys, errs)
 	kept := live[:0]
 	for i, k := range live {
@@ -423,7 +420,7 @@ func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
 
 // addSat is a+b, saturating instead of overflowing for huge TTLs.
 func addSat(a, b time.Duration) time.Duration {
-	if a > math.MaxInt64-b {
+	if b > 0 && a > math.MaxInt64-b {
 		return math.MaxInt64
 	}
 	return a + b
@@ -433,8 +430,5 @@ func addSat(a, b time.Duration) time.Duration {
 // overflowing for huge TTLs.
 func (c *Cache[V]) jittered(d time.Duration) time.Duration {
 	delta := time.Duration(c.cfg.jitter * (2*rand.Float64() - 1) * float64(d))
-	if delta > 0 && d > math.MaxInt64-delta {
-		return math.MaxInt64
-	}
-	return max(d+delta, time.Millisecond)
+	return max(addSat(d, delta), time.Millisecond)
 }
