@@ -85,8 +85,8 @@ var channelPrefixes = []string{"", "product:", "{shop}:", "a{b}:", "a}b:", "a{b:
 // strayBrace reports whether s has a '{' that opens no hash tag.
 func strayBrace(s string) bool { return strings.Contains(s, "{") && !slot.HasTag(s) }
 
-// slot is Redis Cluster's key slot, written from the spec independently of
-// keys.go.
+// specSlot is Redis Cluster's key slot, written from the spec
+// independently of internal/slot.
 func specSlot(key string) uint16 {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {

@@ -51,7 +51,7 @@ type loadLock struct {
 	key   string // the value key
 	lock  string // LockKey(key)
 	token string
-	// renewed is the nanotime at which the call that last set the lock's
+	// renewed is the clock.Now at which the call that last set the lock's
 	// TTL was sent (its taking, then each extension): until a lock TTL
 	// after it, only a Delete or Set can have voided the lock.
 	renewed atomic.Int64

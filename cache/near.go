@@ -138,7 +138,7 @@ func (c *Cache[V]) closeWriter() {
 type nearEntry[V any] struct {
 	data  []byte // the codec's bytes: each caller decodes its own copy
 	v     *V     // decoded once, for WithNearShared and for cloners
-	until int64  // nanotime after which the entry is not served
+	until int64  // clock.Now after which the entry is not served
 }
 
 // cloner is a value that copies itself: near hits clone instead of decoding.
@@ -344,7 +344,7 @@ func (c *Cache[V]) nearGet(key string) (V, bool) {
 // yieldIfDue).
 const yieldEvery = 20 * time.Microsecond
 
-// lastYield is when a near hit last yielded, in nanotime.
+// lastYield is when a near hit last yielded, in clock.Now.
 var lastYield atomic.Int64
 
 // yieldIfDue yields the processor once per yieldEvery across the process.
