@@ -194,10 +194,10 @@ func (b *batch[V]) run() {
 	defer waits.Wait()
 	defer b.recover(ctx)
 
-	if !c.brk.allow() {
+	if !c.brk.Allow() {
 		var uncached []string
 		for _, k := range b.keys {
-			if b.outage(ctx, k, c.brk.err()) {
+			if b.outage(ctx, k, c.brk.Err()) {
 				uncached = append(uncached, k)
 			}
 		}
@@ -272,10 +272,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 		sent[i] = cmds[i]
 	}
 	c.redisio.Pipeline(ctx, b.keys, sent)
-	errs := make([]error, len(cmds))
-	for i, cmd := range cmds {
-		errs[i] = cmd.Err()
-	}
+	errs := errsOf(cmds)
 	classes := c.round(b.keys, errs)
 	hits := make([]*result[V], len(b.keys))
 	raws := make([][]byte, len(b.keys))
@@ -284,7 +281,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 			raws[i], _ = cmds[i].Bytes()
 		}
 	}
-	current := c.currentAll(ctx, raws)
+	current := c.tags.CurrentAll(ctx, raws)
 	for i, k := range b.keys {
 		if raws[i] != nil {
 			hits[i] = b.hit(k, c.decodeFor(k, raws[i], at, current))
@@ -337,10 +334,7 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 	}
 	at := time.Now()
 	cmds := c.redisio.EvalMany(ctx, readOrLockScript, readOrLockLua, calls)
-	errs := make([]error, len(cmds))
-	for i, cmd := range cmds {
-		errs[i] = cmd.Err()
-	}
+	errs := errsOf(cmds)
 	var orphans []*loadLock
 	for i, class := range c.round(misses, errs) {
 		k := misses[i]
@@ -426,20 +420,12 @@ func (b *batch[V]) takeLate(ctx context.Context) {
 	b.late = nil
 }
 
-// outage applies the failure policy to key, which Redis could not serve
-// (err: the Redis error, or ErrCircuitOpen): under FailOpen, while the load
-// timeout allows, it reports true, to load key uncached; otherwise key gets
-// the error.
+// outage applies the failure policy to key (see Cache.outage): it reports
+// true to load key uncached; otherwise key gets the error.
 func (b *batch[V]) outage(ctx context.Context, key string, err error) bool {
-	if !errors.Is(err, ErrCircuitOpen) {
-		err = fmt.Errorf("cache: redis: %w", err)
-	}
-	if ctx.Err() != nil || b.c.cfg.policy == FailClosed {
+	if err := b.c.outage(ctx, key, err); err != nil {
 		b.fail(key, err)
 		return false
-	}
-	if !errors.Is(err, ErrCircuitOpen) { // an open breaker is reported once, as EventBreakerOpen
-		b.c.report(key, err)
 	}
 	return true
 }
@@ -493,6 +479,15 @@ func (b *batch[V]) giveUp(ctx context.Context, err error) {
 	b.c.endLocks(ctx, releases(lks))
 }
 
+// errsOf is the errors of cmds, index-aligned.
+func errsOf[C redis.Cmder](cmds []C) []error {
+	errs := make([]error, len(cmds))
+	for i, cmd := range cmds {
+		errs[i] = cmd.Err()
+	}
+	return errs
+}
+
 // round records one pipelined round's outcome: with the breaker once, as
 // one call (an outage only if every command met one), and with the observer
 // for each key whose command failed. It returns each command's class.
@@ -523,7 +518,7 @@ func (c *Cache[V]) round(keys []string, errs []error) []errClass {
 		class, first = errFull, full
 	}
 	if len(keys) > 0 {
-		c.brk.record(keys[0], class, first)
+		c.brk.Record(keys[0], class, first)
 	}
 	return classes
 }

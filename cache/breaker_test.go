@@ -103,14 +103,14 @@ func TestBreakerClosesWhenRedisAnswersAgain(t *testing.T) {
 		_, err := c.GetOrLoad(t.Context(), key, src.load)
 		require.NoError(t, err)
 	}
-	assert.True(t, c.brk.open())
+	assert.True(t, c.brk.Open())
 	before := dials.Load()
 
 	// Redis comes back at the same address: a proxy to the test Redis.
 	proxyTo(t, addr, redistest.Addr(t))
 	waitFor(t, func() bool {
 		_, err := c.GetOrLoad(t.Context(), key, src.load)
-		return err == nil && !c.brk.open()
+		return err == nil && !c.brk.Open()
 	})
 	assert.Greater(t, dials.Load(), before, "the probe must reach Redis")
 	assert.Equal(t, int64(1), closed.Load())

@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/coherence"
+	"github.com/stampede-go/stampede/internal/health"
 	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redisio"
+	"github.com/stampede-go/stampede/internal/tags"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -24,17 +27,17 @@ type Cache[V any] struct {
 	rdb      redis.UniversalClient
 	cfg      config
 	cluster  bool               // rdb is a *redis.ClusterClient: Delete sends single-key commands
-	deadline sharedDeadline     // bounds the GETs of flights
+	deadline clock.Shared       // bounds the GETs of flights
 	group    singleflight.Group // merges this process's callers of one key
 	calls    sync.Pool          // *flightCall[V]: a caller's request to group
 	redisio  *redisio.Client    // sends the commands: flights' GETs coalesced, pipelined rounds
 	share    *share             // what the Caches on rdb share (see shared.go)
-	brk      *breaker           // share's
+	brk      *health.Breaker    // share's
 	notify   *notify.Notifier   // share's: wakes waiters; nil: they poll
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
 	registry string             // the near caches' lease registry: a reserved key
 	markKeys string             // what writers' marker keys begin with: reserved
-	tags     *tagState          // tag versions (see WithTags)
+	tags     *tags.Versions     // tag versions (see WithTags)
 
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
@@ -63,16 +66,19 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	c.registry, c.markKeys = coherence.RegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
-	c.tags = newTagState(c.cfg.prefix)
+	c.tags = tags.New(rdb, c.cfg.prefix, c.cfg.tags)
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
-	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
+	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.Within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
 	if c.cfg.near.on() && nearSupported(rdb) {
 		c.near = newNear(c)
 		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too
+	}
+	if c.near != nil {
+		c.tags.Track(c.near.track) // versions kept in memory under the near cache's coherence
 	}
 	return c
 }
@@ -217,7 +223,7 @@ func (c *Cache[V]) DeleteByTag(ctx context.Context, tags ...string) error {
 // needs [WithTags]: records written by a process without it are removed
 // too, but only processes with it check for Clear.
 func (c *Cache[V]) Clear(ctx context.Context) error {
-	return c.deleteVersions(ctx, []string{c.tags.all})
+	return c.deleteVersions(ctx, []string{c.tags.All})
 }
 
 // Close gives back the Cache's hold on what the caches on its Redis client
@@ -247,7 +253,7 @@ func (c *Cache[V]) Close() error {
 // breaker: nil, or an error that names the address and the cause (on a
 // cluster or a ring, the node that failed). It costs one PING per node.
 func (c *Cache[V]) Ping(ctx context.Context) error {
-	return ping(ctx, c.rdb)
+	return health.Ping(ctx, c.rdb)
 }
 
 // Stats returns what the Cache did since [New] in this process (see
@@ -255,7 +261,7 @@ func (c *Cache[V]) Ping(ctx context.Context) error {
 // near hit one more atomic add; safe for concurrent use.
 func (c *Cache[V]) Stats() Stats {
 	s := c.cfg.counts.snapshot()
-	s.BreakerOpen = c.brk.open()
+	s.BreakerOpen = c.brk.Open()
 	if c.near != nil {
 		s.NearEntries, s.NearBytes = int64(c.near.store.EstimatedSize()), int64(c.near.store.WeightedSize())
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/lockkey"
 	"github.com/stampede-go/stampede/internal/record"
 )
 
@@ -104,7 +105,7 @@ func (c *Cache[V]) flight(ctx context.Context, key string, load func(context.Con
 		}
 	}()
 	at := time.Now() // one clock read for both: before the GET is sent, as at must be
-	return c.fetch(c.deadline.within(ctx, c.cfg.loadTimeout, at), key, load, o, at)
+	return c.fetch(c.deadline.Within(ctx, c.cfg.loadTimeout, at), key, load, o, at)
 }
 
 // value hands a flight's result to one caller.
@@ -155,7 +156,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 		return "", ErrEmptyKey
 	}
 	k = c.cfg.prefix + k
-	if isLockName(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) || c.tags.global(k) {
+	if lockkey.Is(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) || c.tags.Global(k) {
 		return "", fmt.Errorf("%w: %q", ErrReservedKey, k)
 	}
 	return k, nil
@@ -168,7 +169,7 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 		err = nil
 	}
 	class := c.classify(err)
-	c.brk.record(key, class, err)
+	c.brk.Record(key, class, err)
 	if class != errNone {
 		c.cfg.emit(EventRedisError, key, 0, err)
 	}
@@ -176,11 +177,11 @@ func (c *Cache[V]) redisCall(key string, err error) errClass {
 }
 
 // report hands an absorbed error to the error hook. Redis refusing writes
-// for want of memory is told once per episode (see health.full), named as
+// for want of memory is told once per episode (see health.State), named as
 // such: it is a sizing problem for the operator, not one per key.
 func (c *Cache[V]) report(key string, err error) {
 	if c.classify(err) == errFull {
-		ep := c.share.res.health.episode.Load()
+		ep := c.share.res.health.Episode()
 		if c.share.fullSeen.Swap(ep) == ep {
 			return
 		}
@@ -194,8 +195,8 @@ func (c *Cache[V]) report(key string, err error) {
 // fetch is one flight: read, then read-or-lock until a value or the lock.
 // at is a moment before the read is sent.
 func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, at time.Time) (*result[V], error) {
-	if !c.brk.allow() {
-		return c.redisFailed(ctx, key, c.brk.err(), load, o)
+	if !c.brk.Allow() {
+		return c.redisFailed(ctx, key, c.brk.Err(), load, o)
 	}
 	b, err := c.redisio.Get(ctx, key)
 	var skip []byte        // bytes at key we could not decode, or must reload: a miss, to be replaced
@@ -366,7 +367,7 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 // too, sent to the observer as EventDecodeError and to the error hook once
 // per key (see decodeReports).
 func (c *Cache[V]) decode(ctx context.Context, key string, b []byte, at time.Time) *result[V] {
-	return c.decodeFor(key, b, at, func(st record.Stamp) (bool, error) { return c.current(ctx, st) })
+	return c.decodeFor(key, b, at, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) })
 }
 
 // decodeFor is decode with the check of a record's stamp given: a batch
@@ -433,14 +434,24 @@ func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Co
 // refusing the lock for want of memory (OOM), which FailOpen meets as it
 // meets an outage: one load per key per process at a time, uncached.
 func (c *Cache[V]) redisFailed(ctx context.Context, key string, err error, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
+	if err := c.outage(ctx, key, err); err != nil {
+		return nil, err
+	}
+	return c.loadHeld(ctx, loadKey{key: key, name: key}, load, o) // SetTTL works, though nothing is stored
+}
+
+// outage applies the failure policy to key, which Redis could not serve
+// (err: the Redis error, or the open breaker's): nil under FailOpen while
+// the load timeout allows, to load key uncached; else the caller's error.
+func (c *Cache[V]) outage(ctx context.Context, key string, err error) error {
 	if !errors.Is(err, ErrCircuitOpen) {
 		err = fmt.Errorf("cache: redis: %w", err)
 	}
 	if ctx.Err() != nil || c.cfg.policy == FailClosed {
-		return nil, err
+		return err
 	}
 	if !errors.Is(err, ErrCircuitOpen) { // an open breaker is reported once, as EventBreakerOpen
 		c.report(key, err)
 	}
-	return c.loadHeld(ctx, loadKey{key: key, name: key}, load, o) // SetTTL works, though nothing is stored
+	return nil
 }

@@ -171,6 +171,6 @@ func TestLostLockIsNotAnOutage(t *testing.T) {
 		return product{}, assert.AnError
 	})
 	require.ErrorIs(t, err, assert.AnError)
-	assert.False(t, c.brk.open(), "a lost lock opened the breaker")
+	assert.False(t, c.brk.Open(), "a lost lock opened the breaker")
 	assert.Zero(t, logs.count(), "a lost lock was logged as an outage: %q", logs.lines(slog.LevelError))
 }

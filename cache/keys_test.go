@@ -85,58 +85,8 @@ var channelPrefixes = []string{"", "product:", "{shop}:", "a{b}:", "a}b:", "a{b:
 // strayBrace reports whether s has a '{' that opens no hash tag.
 func strayBrace(s string) bool { return strings.Contains(s, "{") && !slot.HasTag(s) }
 
-// TestLockNamesAreExactlyRefused: every lock name is refused as a value
-// key, and keys that only look like one (a wrong slot tag, a missing
-// brace) are accepted: isLockName inverts LockKey exactly.
-func TestLockNamesAreExactlyRefused(t *testing.T) {
-	keys := []string{
-		"", "a", "product:42", "{user:7}:profile", "{user:7}", "user:7}", "{user:7", "a{b", "a}b",
-		"{}x", "}{", "x{}y{z}", "{", "}", "{}", "{{}}", "{a}{b}", "a{{b}}c", "sp ace\n\x00bin",
-		":stampede:lock", "}:stampede:lock", "{}:stampede:lock", strings.Repeat("{", 50),
-	}
-	for _, k := range keys {
-		lk := LockKey(k)
-		if !isLockName(lk) {
-			t.Errorf("isLockName(LockKey(%q) = %q) = false", k, lk)
-		}
-		if isLockName(k) {
-			t.Errorf("isLockName(%q) = true; it is no key's lock", k)
-		}
-		// Near misses: each is either another key's lock, or accepted.
-		for _, near := range []string{lk + "x", "x" + lk, lk[:len(lk)-1], lk[1:], strings.Replace(lk, "{", "{1", 1), strings.Replace(lk, "}", "1}", 1)} {
-			if isLockName(near) != isSomeLock(near) {
-				t.Errorf("isLockName(%q) = %v; want %v", near, isLockName(near), !isLockName(near))
-			}
-		}
-	}
-	for _, k := range []string{"product:{1}:stampede:lock", "product:{}:stampede:lock", "{1}:stampede:lockproduct:{}", "a{5716}:stampede:lock"} {
-		if isLockName(k) {
-			t.Errorf("isLockName(%q) = true; it is no key's lock", k)
-		}
-	}
-	assert.True(t, isLockName("product:42{5716}:stampede:lock"))
-}
-
-// isSomeLock reports whether name is LockKey(k) for some k, by trying every
-// k LockKey could have been given (written independently of isLockName).
-func isSomeLock(name string) bool {
-	for i := 0; i <= len(name); i++ {
-		if LockKey(name[:i]) == name {
-			return true
-		}
-	}
-	for i := 0; i <= len(name); i++ {
-		for j := i; j <= len(name); j++ {
-			if LockKey(name[i:j]) == name {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// slot is Redis Cluster's key slot, written from the spec independently of
-// keys.go.
+// specSlot is Redis Cluster's key slot, written from the spec
+// independently of internal/slot.
 func specSlot(key string) uint16 {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
@@ -182,26 +132,6 @@ func TestLockKeyMatchesRedisKeySlot(t *testing.T) {
 			if got != want {
 				t.Errorf("Redis puts channel %q in slot %d; want the slot of %q, %d", notify.Channel(prefix, key), got, key, want)
 			}
-		}
-	}
-}
-
-// TestLockNamesAreOneToOne: "user:7" and "{user:7}" once shared a lock, so
-// one blocked the other and a Delete of one voided the other's load.
-func TestLockNamesAreOneToOne(t *testing.T) {
-	keys := []string{"user:7", "{user:7}", "{user:7}:lock", "user:7}", "{user:7", "a}b", "{}a}b", "", "{", "}"}
-	seen := map[string]string{}
-	for _, k := range keys {
-		lk := LockKey(k)
-		if other, ok := seen[lk]; ok {
-			t.Errorf("LockKey(%q) = LockKey(%q) = %q", k, other, lk)
-		}
-		seen[lk] = k
-		if !isLockName(lk) {
-			t.Errorf("isLockName(LockKey(%q)) = false", k)
-		}
-		if isLockName(k) {
-			t.Errorf("isLockName(%q) = true for a value key", k)
 		}
 	}
 }

@@ -20,8 +20,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redisio"
+	"github.com/stampede-go/stampede/internal/tags"
 )
 
 var (
@@ -79,12 +81,12 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 	for i, k := range keys {
 		names[i] = k.name
 		if k.lk != nil {
-			k.lk.renewed.Store(int64(k.locked.Sub(epoch)))
+			k.lk.renewed.Store(clock.At(k.locked))
 		}
 	}
 	stop := c.watchdog(ctx, keys)
 	opts := &loadOptions{ttl: store.ttl, tags: slices.Clone(store.tags), tagging: c.cfg.tags}
-	st, err := c.stampOf(ctx, nil) // before the loader reads the source
+	st, err := c.tags.Stamp(ctx, nil) // before the loader reads the source
 	if err != nil {
 		c.report(keys[0].key, fmt.Errorf("%w; the loaded values are not stored", err))
 		opts.noCache = true
@@ -121,7 +123,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 	for j, e := range ends {
 		stamps[j] = e.stamp
 	}
-	vouched := c.vouched(ctx, stamps)
+	vouched := c.tags.Vouched(ctx, stamps)
 	for j, i := range held {
 		if rs[i] != nil {
 			rs[i].at = keys[i].locked
@@ -164,7 +166,7 @@ func (c *Cache[V]) resultOf(key string, v V, ok bool) (*result[V], error) {
 func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, took time.Duration, st *record.Stamp) lockEnd {
 	end := lockEnd{key: k.key, lk: k.lk}
 	if st != nil {
-		st = &record.Stamp{Clock: st.Clock, Tags: mergeTags(opts.tags, k.priorTags())}
+		st = &record.Stamp{Clock: st.Clock, Tags: tags.Merge(opts.tags, k.priorTags())}
 	}
 	switch {
 	case err != nil && k.fallback != nil: // stale-if-error: keep the old value for the throttle
@@ -223,7 +225,7 @@ func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration, st *record.Stamp) 
 	if !c.cfg.withFreshness() {
 		return record.Build(0, record.Freshness{}, st, data), ttl
 	}
-	px = addSat(ttl, c.cfg.keepPast(took))
+	px = addSat(ttl, c.cfg.fresh().KeepPast(took))
 	if st != nil {
 		px = min(px, tagMemory)
 	}
@@ -399,12 +401,9 @@ func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
 		calls[i] = redisio.ScriptCall{Keys: k.lk.keys(), Args: []any{k.lk.token, c.cfg.lockTTL.Milliseconds(), ""}}
 		keys[i] = k.key
 	}
-	at := nanotime()
+	at := clock.Now()
 	cmds := c.eval(ctx, redisio.ScriptRun{Script: unlockScript, Src: unlockLua, Calls: calls})
-	errs := make([]error, len(cmds))
-	for i, cmd := range cmds {
-		errs[i] = cmd.Err()
-	}
+	errs := errsOf(cmds)
 	c.round(keys, errs)
 	kept := live[:0]
 	for i, k := range live {
@@ -421,7 +420,7 @@ func (c *Cache[V]) extend(ctx context.Context, live []loadKey) []loadKey {
 
 // addSat is a+b, saturating instead of overflowing for huge TTLs.
 func addSat(a, b time.Duration) time.Duration {
-	if a > math.MaxInt64-b {
+	if b > 0 && a > math.MaxInt64-b {
 		return math.MaxInt64
 	}
 	return a + b
@@ -431,8 +430,5 @@ func addSat(a, b time.Duration) time.Duration {
 // overflowing for huge TTLs.
 func (c *Cache[V]) jittered(d time.Duration) time.Duration {
 	delta := time.Duration(c.cfg.jitter * (2*rand.Float64() - 1) * float64(d))
-	if delta > 0 && d > math.MaxInt64-delta {
-		return math.MaxInt64
-	}
-	return max(d+delta, time.Millisecond)
+	return max(addSat(d, delta), time.Millisecond)
 }

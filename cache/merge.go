@@ -1,13 +1,14 @@
 // merge.go shares a key's flight among this process's concurrent callers
 // (x/sync/singleflight) while each caller still returns when its own context
-// ends: inline when the context cannot end, else on reused goroutines,
-// which keep the stacks they grew instead of growing a new one per flight.
+// ends: inline when the context cannot end, else on reused goroutines
+// (internal/workers).
 
 package cache
 
 import (
 	"context"
-	"time"
+
+	"github.com/stampede-go/stampede/internal/workers"
 )
 
 // flightCall is one caller's request for a key's flight. It is pooled per
@@ -25,8 +26,8 @@ type flightCall[V any] struct {
 
 func (fc *flightCall[V]) flight() (any, error) { return fc.c.flight(fc.ctx, fc.key, fc.load, fc.opts) }
 
-// run is the worker's side of merged.
-func (fc *flightCall[V]) run() {
+// Run is the worker's side of merged.
+func (fc *flightCall[V]) Run() {
 	v, err, _ := fc.c.group.Do(fc.key, fc.fn)
 	fc.done <- outcome{v, err} // the last use of fc by the worker
 }
@@ -51,7 +52,7 @@ func (c *Cache[V]) merged(ctx context.Context, key string, load func(context.Con
 		c.reuse(fc)
 		return v, err
 	}
-	flights.run(fc)
+	flights.Run(fc)
 	select {
 	case o := <-fc.done:
 		c.reuse(fc)
@@ -67,39 +68,5 @@ func (c *Cache[V]) reuse(fc *flightCall[V]) {
 	c.calls.Put(fc)
 }
 
-// job is a flightCall of any value type.
-type job interface{ run() }
-
-// workerIdle is how long an idle worker waits for work before it ends, so
-// that a process at rest runs none (and leak checkers find none).
-var workerIdle = 200 * time.Millisecond
-
-// workers runs jobs on reused goroutines; it is safe for concurrent use.
-// Each worker ends after workerIdle without a job.
-type workers struct{ jobs chan job }
-
 // flights runs the flights of every Cache in the process.
-var flights = workers{jobs: make(chan job)}
-
-// run hands j to an idle worker, or to a new one.
-func (w workers) run(j job) {
-	select {
-	case w.jobs <- j:
-	default:
-		go w.work(j)
-	}
-}
-
-func (w workers) work(j job) {
-	idle := time.NewTimer(workerIdle)
-	defer idle.Stop()
-	for {
-		j.run()
-		idle.Reset(workerIdle)
-		select {
-		case j = <-w.jobs:
-		case <-idle.C:
-			return
-		}
-	}
-}
+var flights = workers.New()

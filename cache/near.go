@@ -17,7 +17,9 @@ import (
 
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/coherence"
+	"github.com/stampede-go/stampede/internal/freshness"
 )
 
 // nearEntryOverhead is what an entry costs besides its key and payload: the
@@ -136,7 +138,7 @@ func (c *Cache[V]) closeWriter() {
 type nearEntry[V any] struct {
 	data  []byte // the codec's bytes: each caller decodes its own copy
 	v     *V     // decoded once, for WithNearShared and for cloners
-	until int64  // nanotime after which the entry is not served
+	until int64  // clock.Now after which the entry is not served
 }
 
 // cloner is a value that copies itself: near hits clone instead of decoding.
@@ -176,7 +178,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			return uint32(min(len(k)+len(e.data)+nearEntryOverhead, math.MaxUint32))
 		},
 		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, *nearEntry[V]]) time.Duration {
-			return max(time.Duration(e.Value.until-nanotime()), time.Nanosecond)
+			return max(time.Duration(e.Value.until-clock.Now()), time.Nanosecond)
 		}),
 		OnDeletion: func(e otter.DeletionEvent[string, *nearEntry[V]]) {
 			if e.Cause == otter.CauseOverflow {
@@ -185,7 +187,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			}
 		},
 	})
-	health := &c.share.res.health // not c: the near cache must not keep its Cache alive
+	health := c.share.res.health // not c: the near cache must not keep its Cache alive
 	tags := c.tags
 	hub := c.share.res.nearHub() // one tracking connection per master for every Cache on the client
 	track := hub.New
@@ -195,7 +197,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
 			if all {
-				tags.forget()
+				tags.Forget()
 				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
 					n.store.InvalidateAll()
 					cfg.emit(EventNearDrop, "", 0, nil)
@@ -213,8 +215,8 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		OnLapse: func(holder string) {
 			cfg.emit(EventNearLeaseWait, holder, 0, nil)
 		},
-		OnRefused: func(err error) { health.nearRefused(cfg.prefix, err) },
-		Global:    tags.global,
+		OnRefused: func(err error) { health.NearRefused(cfg.prefix, err) },
+		Global:    tags.Global,
 	})
 	return n
 }
@@ -223,11 +225,11 @@ func newNear[V any](c *Cache[V]) *near[V] {
 // memory, if it is there, fresh, and the tracker is serving (sure of its
 // invalidations, its lease running).
 func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
-	if !n.track.Serving() || c.brk.open() {
+	if !n.track.Serving() || c.brk.Open() {
 		return v, false
 	}
 	e, ok := n.store.GetIfPresent(key)
-	now := nanotime()
+	now := clock.Now()
 	if !ok || now >= e.until {
 		return v, false
 	}
@@ -255,13 +257,13 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	// replica's lag. Such a Cache has no near cache: see newNear.)
 	left := time.Until(r.fresh.Expiry) // a wall-clock expiry, as Redis's own
 	if c.cfg.beta > 0 {
-		left -= refreshLead(c.cfg.beta, r.fresh, r.head)
+		left -= freshness.Lead(c.cfg.beta, r.fresh, r.head)
 	}
 	left = min(left, n.maxAge)
 	if left <= 0 {
 		return
 	}
-	e := &nearEntry[V]{data: r.data, until: nanotime() + int64(left)}
+	e := &nearEntry[V]{data: r.data, until: clock.Now() + int64(left)}
 	if n.shared || n.clones {
 		v, err := c.decodeCopy(r.data)
 		if err != nil {
@@ -342,7 +344,7 @@ func (c *Cache[V]) nearGet(key string) (V, bool) {
 // yieldIfDue).
 const yieldEvery = 20 * time.Microsecond
 
-// lastYield is when a near hit last yielded, in nanotime.
+// lastYield is when a near hit last yielded, in clock.Now.
 var lastYield atomic.Int64
 
 // yieldIfDue yields the processor once per yieldEvery across the process.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/record"
+	"github.com/stampede-go/stampede/internal/rediserr"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -375,11 +376,13 @@ func TestNearCacheServesNothingWhileTheBreakerIsOpen(t *testing.T) {
 		require.NoError(t, err)
 		return nearHas(c, "k")
 	}))
-	c.brk.until.Store(nanotime() + int64(time.Hour)) // open
+	for range DefaultBreakerFailures { // open
+		c.brk.Record("k", rediserr.Outage, errors.New("test: an outage"))
+	}
 	hits := ev.get(EventNearHit)
 	_, _ = c.GetOrLoad(t.Context(), "k", src.load)
 	assert.Equal(t, hits, ev.get(EventNearHit), "a near hit while the breaker was open")
-	c.brk.until.Store(0)
+	c.brk.Record("k", rediserr.None, nil) // closed
 }
 
 // TestNearCacheStaysWithinItsBudget: a million distinct keys through a near

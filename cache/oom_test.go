@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/health"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,7 +74,7 @@ func (h *hookCount) hook(_ string, err error) {
 // TestOOMIsNotAnOutage: with maxmemory below what the server already uses,
 // every write is refused and every read served.
 func TestOOMIsNotAnOutage(t *testing.T) {
-	// Not parallel: it sets fullQuiet, which every Cache in the process reads.
+	// Not parallel: it sets health.FullQuiet, which every Cache in the process reads.
 	srv := redistest.PrivateServer(t, "it sets maxmemory", "--maxmemory-policy", "noeviction")
 	rdb := redistest.Client(t, srv.Addr)
 	var hooks hookCount
@@ -126,10 +127,10 @@ func TestOOMIsNotAnOutage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, exists, "nothing stored")
 
-	// The episode ends after fullQuiet without OOM: the next one is told again.
-	old := fullQuiet
-	fullQuiet = 0
-	defer func() { fullQuiet = old }()
+	// The episode ends after health.FullQuiet without OOM: the next one is told again.
+	old := health.FullQuiet
+	health.FullQuiet = 0
+	defer func() { health.FullQuiet = old }()
 	time.Sleep(time.Millisecond)
 	_, err = caches[0].GetOrLoad(t.Context(), "k0", loads[0].load("k0", 0))
 	require.NoError(t, err)

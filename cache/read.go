@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/freshness"
 )
 
 // get is Get with its options read.
@@ -26,8 +27,8 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	if err != nil {
 		return zero, err
 	}
-	if !c.brk.allow() {
-		return zero, c.brk.err()
+	if !c.brk.Allow() {
+		return zero, c.brk.Err()
 	}
 	tk := c.nearTicket(key)
 	at := time.Now()
@@ -48,10 +49,10 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 		return zero, notFound(key)
 	}
 	if r.err == nil {
-		switch c.cfg.ageOf(r.fresh, r.throttled, at, nil) { // Get never refreshes
-		case ageExpired:
+		switch c.cfg.fresh().Of(r.fresh, r.throttled, at, nil) { // Get never refreshes
+		case freshness.Expired:
 			return zero, ErrCacheMiss
-		case ageStale:
+		case freshness.Stale:
 			if o.noStale {
 				return zero, ErrCacheMiss
 			}

@@ -201,10 +201,7 @@ func (c *Cache[V]) lockDue(ctx context.Context, ds []due[V], errs []error) (held
 	}
 	locked := time.Now()
 	cmds := c.eval(ctx, redisio.ScriptRun{Script: lockScript, Src: lockLua, Calls: calls})
-	cerrs := make([]error, len(cmds))
-	for i, cmd := range cmds {
-		cerrs[i] = cmd.Err()
-	}
+	cerrs := errsOf(cmds)
 	var orphans []*loadLock
 	for i, class := range c.round(keys, cerrs) {
 		n, err := cmds[i].Int()

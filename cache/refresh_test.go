@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,34 +127,6 @@ func TestEarlyRefreshKeepsAHotKeyWarmAcrossInstances(t *testing.T) {
 	assert.Equal(t, int64(1), ev[EventMiss].Load(), "no caller may meet a miss after the cold start")
 	assert.LessOrEqual(t, src.calls.Load(), 1+2*periods, "about one load per TTL across all instances")
 	assert.GreaterOrEqual(t, src.calls.Load(), periods, "the key must have been refreshed every TTL")
-}
-
-// TestEarlyRefreshDrawIsSharedAndFloored checks the refresh decision: due
-// within one load duration of expiry whatever the draw, never far from it,
-// and in between as often as XFetch says (P(max(1, -ln u) >= 2) = e^-2),
-// from a draw that depends on the record only, so every process decides
-// alike.
-func TestEarlyRefreshDrawIsSharedAndFloored(t *testing.T) {
-	cfg := config{beta: 1}
-	const load = 20 * time.Millisecond
-	now := time.Now()
-	at := func(left time.Duration, i int) (record.Freshness, []byte) {
-		f := record.Freshness{Expiry: now.Add(left).Add(time.Duration(i) * time.Millisecond), Load: load}
-		rec := record.EncodeFresh(0, f, nil)
-		f, _ = record.ReadFreshness(rec)
-		return f, rec
-	}
-	const n = 20000
-	due := 0
-	for i := range n {
-		f, head := at(0, i)
-		require.True(t, cfg.xfetch(f, f.Expiry.Add(-load), head), "within one load duration of expiry a refresh is always due")
-		require.False(t, cfg.xfetch(f, f.Expiry.Add(-46*load), head), "far from expiry a refresh is never due")
-		if cfg.xfetch(f, f.Expiry.Add(-2*load), head) {
-			due++
-		}
-	}
-	assert.InDelta(t, math.Exp(-2), float64(due)/n, 0.01, "share of values due two load durations before expiry")
 }
 
 // dueRecord stores at key a value whose early refresh is due: it expires in

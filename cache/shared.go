@@ -1,7 +1,7 @@
 // shared.go holds what every Cache on one Redis client shares: the
 // notifier (one subscription per master), the near caches' tracking
 // connections (one per master, see coherence.Hub), the circuit breakers and
-// the health state (see health.go). Ten caches of different value types on
+// the health state (see internal/health). Ten caches of different value types on
 // one client thus hold at most two subscribed connections per master, and
 // an outage that one of them meets opens the breaker of all of them at once.
 
@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/coherence"
+	"github.com/stampede-go/stampede/internal/health"
 	"github.com/stampede-go/stampede/internal/notify"
 )
 
@@ -24,7 +25,7 @@ import (
 type clientRes struct {
 	rdb    redis.UniversalClient
 	notify *notify.Notifier // nil: waiters poll
-	health health
+	health *health.State
 	refs   int  // Caches holding it; protected by registry.mu
 	listed bool // in registry.m (a client that is a pointer)
 	// claims is, per prefix, the value type of the open Caches on it and
@@ -33,8 +34,8 @@ type clientRes struct {
 	claims map[string]claim
 
 	mu       sync.Mutex
-	breakers map[breakerConfig]*breaker // protected by mu
-	hub      *coherence.Hub             // the near caches' tracking connections; nil until one is made; protected by mu
+	breakers map[breakerConfig]*health.Breaker // protected by mu
+	hub      *coherence.Hub                    // the near caches' tracking connections; nil until one is made; protected by mu
 }
 
 // breakerConfig is what tells breakers apart on one client: caches with the
@@ -62,12 +63,12 @@ var registry struct {
 // back, once.
 type share struct {
 	res      *clientRes
-	brk      *breaker
+	brk      *health.Breaker
 	notify   *notify.Notifier // res.notify for this Cache's prefix; nil: waiters poll
 	prefix   string           // the claim held in res.claims
 	claimed  bool             // a claim is held (a client that is a pointer)
 	decodes  decodeReports    // undecodable records reported to this Cache's hook
-	logger   loggerRef        // registered with res.health while held
+	logger   health.Logger    // registered with res.health while held
 	fullSeen atomic.Uint64    // the last memory-pressure episode this Cache's hook was told of
 	unlisten func()           // stops this Cache hearing the breaker
 	once     sync.Once
@@ -115,11 +116,18 @@ func acquire(rdb redis.UniversalClient, cfg *config, vt reflect.Type) *share {
 	s := &share{res: r, brk: r.breaker(breakerConfig{cfg.breaker.failures, cfg.breaker.coolDown})}
 	// A copy of what emit uses: the breaker outlives a Cache dropped without
 	// Close, which must stay collectable (see New).
-	s.unlisten = s.brk.listen(&config{observer: cfg.observer, onError: cfg.onError})
+	hear := &config{observer: cfg.observer, onError: cfg.onError}
+	s.unlisten = s.brk.Listen(func(open bool, key string, err error) {
+		kind := EventBreakerClose
+		if open {
+			kind = EventBreakerOpen
+		}
+		hear.emit(kind, key, 0, err)
+	})
 	s.notify = r.notify.WithPrefix(cfg.prefix)
 	s.prefix, s.claimed = cfg.prefix, claimed
-	s.logger = cfg.loggerRef()
-	r.health.register(s.logger)
+	s.logger = health.Logger{L: cfg.logger, Off: cfg.logOff}
+	r.health.Register(s.logger)
 	return s
 }
 
@@ -134,20 +142,18 @@ func (r *clientRes) claimOf(prefix string) (claim, bool) {
 }
 
 func newClientRes(rdb redis.UniversalClient) *clientRes {
-	r := &clientRes{rdb: rdb, notify: notify.New(rdb)}
-	r.health.addr = addrOf(rdb)
-	return r
+	return &clientRes{rdb: rdb, notify: notify.New(rdb), health: health.New(rdb)}
 }
 
 // breaker returns the client's breaker for settings bc.
-func (r *clientRes) breaker(bc breakerConfig) *breaker {
+func (r *clientRes) breaker(bc breakerConfig) *health.Breaker {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b := r.breakers[bc]
 	if b == nil {
-		b = &breaker{threshold: int32(bc.failures), coolDown: bc.coolDown, health: &r.health}
+		b = health.NewBreaker(bc.failures, bc.coolDown, r.health, ErrCircuitOpen)
 		if r.breakers == nil {
-			r.breakers = map[breakerConfig]*breaker{}
+			r.breakers = map[breakerConfig]*health.Breaker{}
 		}
 		r.breakers[bc] = b
 	}
@@ -173,7 +179,7 @@ func (s *share) release() {
 	s.once.Do(func() {
 		r := s.res
 		s.unlisten()
-		r.health.unregister(s.logger)
+		r.health.Unregister(s.logger)
 		registry.mu.Lock()
 		r.refs--
 		if s.claimed {

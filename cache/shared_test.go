@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/health"
 	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
@@ -26,7 +27,8 @@ import (
 type typedCache interface {
 	Close() error
 	waitOnce(ctx context.Context, key string) error // a GetOrLoad that waits for another holder
-	breakerOf() *breaker
+	breakerOf() *health.Breaker
+	healthOf() *health.State
 	notifierOf() *notify.Notifier
 }
 
@@ -37,7 +39,8 @@ func (c *Cache[V]) waitOnce(ctx context.Context, key string) error {
 	})
 	return err
 }
-func (c *Cache[V]) breakerOf() *breaker { return c.brk }
+func (c *Cache[V]) breakerOf() *health.Breaker { return c.brk }
+func (c *Cache[V]) healthOf() *health.State    { return c.share.res.health }
 
 // notifierOf is the Notifier of the Cache's client, of which the Cache's
 // own (WithPrefix) shares the subscriptions.
@@ -152,7 +155,7 @@ func TestCachesOnOneClientShareTheBreaker(t *testing.T) {
 		_ = caches[0].waitOnce(t.Context(), "k")
 	}
 	for i, c := range caches {
-		assert.True(t, c.breakerOf().open(), "breaker of cache %d after one outage", i)
+		assert.True(t, c.breakerOf().Open(), "breaker of cache %d after one outage", i)
 	}
 	assert.Equal(t, int64(len(caches)), opened.Load(), "EventBreakerOpen, once to each cache on the breaker")
 	before := dials.Load()
@@ -165,8 +168,8 @@ func TestCachesOnOneClientShareTheBreaker(t *testing.T) {
 	other := New[product](rdb, WithCircuitBreaker(50, time.Minute), WithoutNearCache())
 	defer other.Close()
 	assert.NotSame(t, caches[0].breakerOf(), other.brk)
-	assert.Same(t, caches[0].breakerOf().health, other.brk.health)
-	assert.False(t, other.brk.open())
+	assert.Same(t, caches[0].healthOf(), other.healthOf())
+	assert.False(t, other.brk.Open())
 }
 
 // TestOneValueTypePerPrefix: a Cache[string] and a Cache[product] on one

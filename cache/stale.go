@@ -1,113 +1,18 @@
-// stale.go decides how old a value read from Redis is, and serves values past
-// their TTL (stale-while-revalidate, stale-if-error) when WithStale allows.
+// stale.go judges a value read from Redis by its age (internal/freshness
+// decides what the age calls for), and serves values past their TTL
+// (stale-while-revalidate, stale-if-error) when WithStale allows.
 
 package cache
 
 import (
 	"context"
-	"math"
-	"time"
 
-	"github.com/stampede-go/stampede/internal/record"
+	"github.com/stampede-go/stampede/internal/freshness"
 )
 
-// age is what a read value's freshness calls for.
-type age uint8
-
-const (
-	ageFresh   age = iota // serve it
-	ageRefresh            // serve it and refresh it in the background
-	ageStale              // past its TTL: serve it as stale, refreshing it unless throttled
-	ageExpired            // past every grace: a miss
-)
-
-// ageOf classifies a record read at now. head is the record up to its
-// payload, for the early-refresh draw; nil for a read that never refreshes.
-func (c *config) ageOf(f record.Freshness, throttled bool, now time.Time, head []byte) age {
-	if f.Expiry.IsZero() {
-		return ageFresh // written without metadata: Redis's expiry is its TTL
-	}
-	if now.Before(f.Expiry) {
-		switch {
-		case throttled:
-			return ageStale
-		case c.beta > 0 && head != nil && c.xfetch(f, now, head):
-			return ageRefresh
-		}
-		return ageFresh
-	}
-	past := now.Sub(f.Expiry)
-	switch {
-	case past < c.stale:
-		return ageStale
-	case c.beta > 0 && past < grace(f.Load):
-		return ageRefresh // a refresh that is late; serve the value meanwhile
-	}
-	return ageExpired
-}
-
-// xfetch reports whether a value is due for early refresh: when now is
-// within load*max(1, beta*-ln(u)) of its expiry (XFetch, Vattani et al.,
-// with a floor of one load duration so that a refresh normally ends before
-// the expiry, not in the grace after it).
-//
-// u is drawn once per stored value and is the same in every process (a hash
-// of the record's head). The paper draws afresh on every read so that one
-// reader among many goes first; here the load lock already lets only one
-// refresh run, and fresh draws would only make it early: the earliest of
-// many draws comes ln(reads)+0.6 load durations before expiry, which at a
-// TTL of a dozen load durations meant 1.17 loads per TTL over 4 processes.
-// One shared draw keeps the refresh's lead at about 1.4 load durations
-// however many processes read the key, while still spreading the refreshes
-// of values written together.
-func (c *config) xfetch(f record.Freshness, now time.Time, head []byte) bool {
-	left := f.Expiry.Sub(now)
-	if left <= f.Load {
-		return true
-	}
-	if float64(left) > 45*float64(f.Load)*c.beta { // -ln(u) is at most 44.4 for u >= 2^-64: no need to draw
-		return false
-	}
-	return refreshLead(c.beta, f, head) >= left
-}
-
-// refreshLead is how long before its expiry a record is due for early
-// refresh: load*max(1, beta*-ln(u)), u its draw (one load without a head).
-func refreshLead(beta float64, f record.Freshness, head []byte) time.Duration {
-	if head == nil {
-		return f.Load
-	}
-	return time.Duration(float64(f.Load) * max(1, beta*-math.Log(drawFor(head))))
-}
-
-// drawFor returns the XFetch draw of the record whose header and metadata
-// are head: uniform in (0, 1], the same in every process, and different
-// for every write (the metadata holds the expiry to the millisecond and the
-// load duration to the microsecond). FNV-1a, then murmur3's finalizer so
-// that the high bits depend on every byte.
-func drawFor(head []byte) float64 {
-	h := uint64(14695981039346656037)
-	for _, b := range head {
-		h ^= uint64(b)
-		h *= 1099511628211
-	}
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	return (float64(h>>11) + 1) / (1 << 53)
-}
-
-// grace is how long past its TTL a value stays readable so that a refresh
-// that starts late is not seen as a miss: three load durations.
-func grace(load time.Duration) time.Duration { return 3 * load }
-
-// keepPast is how long past its TTL Redis must keep a value loaded in load.
-func (c *config) keepPast(load time.Duration) time.Duration {
-	if c.beta == 0 {
-		return c.stale
-	}
-	return max(c.stale, grace(load))
-}
+// fresh is the Cache's early refresh and stale serving, which judge what
+// a read value's age calls for (see internal/freshness).
+func (c *config) fresh() freshness.Policy { return freshness.Policy{Beta: c.beta, Stale: c.stale} }
 
 // withFreshness reports whether records carry freshness metadata: only
 // when something reads it.
@@ -150,11 +55,11 @@ func (c *Cache[V]) judge(key string, r *result[V], noStale bool) (hit *result[V]
 	if r.expired { // expired by hand (Expire): a miss, whatever the clocks say
 		return nil, false
 	}
-	switch c.cfg.ageOf(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
-	case ageFresh:
-	case ageRefresh:
+	switch c.cfg.fresh().Of(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
+	case freshness.Fresh:
+	case freshness.Refresh:
 		isDue = true
-	case ageStale:
+	case freshness.Stale:
 		if noStale {
 			return nil, false // a miss for this flight: reloaded under the lock
 		}

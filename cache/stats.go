@@ -1,13 +1,12 @@
-// stats.go counts what a Cache did, for Stats: one counter per event kind,
-// striped so that concurrent near hits on several cores do not all add to
-// one cache line.
+// stats.go counts what a Cache did, for Stats: one counter per event kind
+// (see internal/striped).
 
 package cache
 
 import (
 	"errors"
-	"sync/atomic"
-	"unsafe"
+
+	"github.com/stampede-go/stampede/internal/striped"
 )
 
 // Stats is a snapshot of what a Cache did since [New], in this process,
@@ -33,45 +32,27 @@ type Stats struct {
 const (
 	eventKinds = int(EventLoadVoided) + 1
 	loadErrors = eventKinds // the counter after the kinds'
-	stripes    = 16         // a power of two
 )
 
-// counters are a Cache's counts. Safe for concurrent use.
-type counters struct {
-	stripe [stripes]struct {
-		n [eventKinds + 1]atomic.Int64
-		_ [64]byte // keeps neighbouring stripes off one cache line
-	}
-}
+var _ [striped.Size - loadErrors - 1]struct{} // every count fits
 
-// count counts an event of kind (err: its Err). The stripe is picked by
-// the address of the caller's stack: goroutines have stacks of their own,
-// so concurrent callers mostly add to different stripes, for the price of
-// a shift where a random number would cost more than the add.
+// counters are a Cache's counts: one per event kind, and the load errors.
+type counters struct{ striped.Counters }
+
+// count counts an event of kind (err: its Err).
 func (s *counters) count(kind EventKind, err error) {
-	var here byte
-	st := &s.stripe[(uintptr(unsafe.Pointer(&here))>>13)&(stripes-1)]
-	st.n[kind].Add(1)
+	s.Add(int(kind))
 	if kind == EventLoad && err != nil && !errors.Is(err, ErrNotFound) {
-		st.n[loadErrors].Add(1)
+		s.Add(loadErrors)
 	}
-}
-
-// sum is the count of counter i.
-func (s *counters) sum(i int) int64 {
-	var n int64
-	for j := range s.stripe {
-		n += s.stripe[j].n[i].Load()
-	}
-	return n
 }
 
 // snapshot is the counts as Stats.
 func (s *counters) snapshot() Stats {
 	return Stats{
-		NearHits: s.sum(int(EventNearHit)), RedisHits: s.sum(int(EventHit)), Misses: s.sum(int(EventMiss)),
-		Loads: s.sum(int(EventLoad)), LoadErrors: s.sum(loadErrors), Waits: s.sum(int(EventWait)),
-		StaleServed: s.sum(int(EventStaleServed)), Refreshes: s.sum(int(EventRefresh)),
-		LeaseWaits: s.sum(int(EventNearLeaseWait)), LoadsVoided: s.sum(int(EventLoadVoided)),
+		NearHits: s.Sum(int(EventNearHit)), RedisHits: s.Sum(int(EventHit)), Misses: s.Sum(int(EventMiss)),
+		Loads: s.Sum(int(EventLoad)), LoadErrors: s.Sum(loadErrors), Waits: s.Sum(int(EventWait)),
+		StaleServed: s.Sum(int(EventStaleServed)), Refreshes: s.Sum(int(EventRefresh)),
+		LeaseWaits: s.Sum(int(EventNearLeaseWait)), LoadsVoided: s.Sum(int(EventLoadVoided)),
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/stampede-go/stampede/internal/redistest"
-	"github.com/stampede-go/stampede/internal/slot"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -128,24 +127,9 @@ func TestTagsNeedWithTags(t *testing.T) {
 	assert.ErrorContains(t, tc.DeleteByTag(ctx, "ok", ""), "empty tag")
 	assert.ErrorContains(t, tc.Set(ctx, "k", product{}, Tags("")), "empty tag")
 	// The version keys are not keys a caller may use.
-	_, err = tc.Get(ctx, strings.TrimPrefix(tc.tags.key(tc.cfg.prefix, "ok"), tc.cfg.prefix))
+	_, err = tc.Get(ctx, strings.TrimPrefix(tc.tags.Key("ok"), tc.cfg.prefix))
 	assert.ErrorIs(t, err, ErrReservedKey)
 	assert.False(t, AddTags(ctx, "x"), "outside a loader")
-}
-
-// A tag with braces must not make a hash tag of its own: its version lives
-// with the others, in one slot.
-func TestTagKeysShareOneSlot(t *testing.T) {
-	s := newTagState("p:")
-	want := s.key("p:", "plain")
-	for _, tag := range []string{"{x}", "a}b{", "%7B", "{"} {
-		k := s.key("p:", tag)
-		assert.True(t, s.global(k), "%q", k)
-		assert.Equal(t, keySlot(want), keySlot(k), "%q", k)
-	}
-	assert.NotEqual(t, s.key("p:", "%7B"), s.key("p:", "{"))
-	assert.Equal(t, keySlot(want), keySlot(s.clock))
-	assert.Equal(t, keySlot(want), keySlot(s.all))
 }
 
 // Two Caches on separate clients stand for two processes: a reader serving
@@ -255,10 +239,10 @@ func TestUnreadableTagVersionIsAMiss(t *testing.T) {
 	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
 	defer c.Close()
 	require.NoError(t, c.Set(ctx, "k", product{ID: "k"}, Tags("t")))
-	require.NoError(t, rdb.Set(ctx, c.tags.key(p, "t"), "garbage", time.Minute).Err())
+	require.NoError(t, rdb.Set(ctx, c.tags.Key("t"), "garbage", time.Minute).Err())
 	_, err := c.Get(ctx, "k")
 	assert.ErrorIs(t, err, ErrCacheMiss)
-	require.NoError(t, rdb.Del(ctx, c.tags.key(p, "t")).Err())
+	require.NoError(t, rdb.Del(ctx, c.tags.Key("t")).Err())
 	_, err = c.Get(ctx, "k")
 	assert.NoError(t, err)
 }
@@ -280,9 +264,6 @@ func TestCacheWithoutTagsHonoursStamps(t *testing.T) {
 	assert.ErrorIs(t, err, ErrCacheMiss)
 }
 
-// keySlot is a key's cluster slot.
-func keySlot(k string) uint16 { return slot.Of(k) }
-
 // The tag clock and versions expire 30 days after the last DeleteByTag or
 // Clear. A clock that expired must not run backwards: a value stamped
 // before the expiry is still removed by the next DeleteByTag of its tag.
@@ -292,11 +273,11 @@ func TestTagClockDoesNotRunBackwardsAfterExpiry(t *testing.T) {
 	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
 	defer c.Close()
 	require.NoError(t, c.DeleteByTag(ctx, "other")) // the clock is the server's time now
-	ttl, err := rdb.PTTL(ctx, c.tags.clock).Result()
+	ttl, err := rdb.PTTL(ctx, c.tags.Clock).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, 29*24*time.Hour, "the clock is kept as long as the versions")
 	require.NoError(t, c.Set(ctx, "k", product{ID: "k"}, Tags("t")))
-	require.NoError(t, rdb.Del(ctx, c.tags.clock, c.tags.key(p, "other")).Err()) // as if 30 days passed
+	require.NoError(t, rdb.Del(ctx, c.tags.Clock, c.tags.Key("other")).Err()) // as if 30 days passed
 	require.NoError(t, c.DeleteByTag(ctx, "t"))
 	_, err = c.Get(ctx, "k")
 	assert.ErrorIs(t, err, ErrCacheMiss, "the value stamped before the clock expired survived its tag's delete")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/record"
+	"github.com/stampede-go/stampede/internal/tags"
 )
 
 var (
@@ -40,7 +41,7 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	if err != nil {
 		return err
 	}
-	st, err := c.stampOf(ctx, mergeTags(o.store.tags, nil))
+	st, err := c.tags.Stamp(ctx, tags.Merge(o.store.tags, nil))
 	if err != nil {
 		return err
 	}
@@ -159,8 +160,8 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	if c.cfg.stale <= 0 {
 		return c.delete(ctx, []string{key})
 	}
-	if !c.brk.allow() {
-		return c.brk.err()
+	if !c.brk.Allow() {
+		return c.brk.Err()
 	}
 	b, err := c.redisio.Get(ctx, full) // from the master, as every read of the miss path
 	switch c.readReply(full, err) {
