@@ -479,15 +479,6 @@ func (b *batch[V]) giveUp(ctx context.Context, err error) {
 	b.c.endLocks(ctx, releases(lks))
 }
 
-// errsOf is the errors of cmds, index-aligned.
-func errsOf[C redis.Cmder](cmds []C) []error {
-	errs := make([]error, len(cmds))
-	for i, cmd := range cmds {
-		errs[i] = cmd.Err()
-	}
-	return errs
-}
-
 // round records one pipelined round's outcome: with the breaker once, as
 // one call (an outage only if every command met one), and with the observer
 // for each key whose command failed. It returns each command's class.

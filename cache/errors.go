@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 var (
@@ -203,3 +205,12 @@ type keyError struct {
 func (e *keyError) Error() string { return e.err.Error() + " (key " + e.quoted + ")" }
 
 func (e *keyError) Unwrap() error { return e.err }
+
+// errsOf is the errors of cmds, index-aligned.
+func errsOf[C redis.Cmder](cmds []C) []error {
+	errs := make([]error, len(cmds))
+	for i, cmd := range cmds {
+		errs[i] = cmd.Err()
+	}
+	return errs
+}
