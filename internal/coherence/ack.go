@@ -77,20 +77,27 @@ func (t *Tracker) sendAck(marker string) {
 // ackLoop publishes the queued acknowledgements until ctx ends: those
 // queued together in one pipeline, one message per writer that covers all
 // of its markers among them, so that writes in flight together cost a
-// holder one message per writer, not one per write.
+// holder one message per writer, not one per write. Each pipeline gets a
+// quarter lease, even past ctx's end (Close: writers wait for it); at
+// Close what is still queued gets one more quarter lease in all.
 func (t *Tracker) ackLoop(ctx context.Context) {
 	defer t.done.Done()
 	for {
 		var batch []string
 		select {
 		case <-ctx.Done():
-			// Closing: what resign took in is still owed to its writers.
-			t.publishAcks(ctx, t.queuedAcks(nil))
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.lease/4)
+			defer cancel()
+			for batch = t.queuedAcks(nil); len(batch) > 0 && dctx.Err() == nil; batch = t.queuedAcks(nil) {
+				t.publishAcks(dctx, batch)
+			}
 			return
 		case m := <-t.acks:
 			batch = append(batch, m)
 		}
-		t.publishAcks(ctx, t.queuedAcks(batch))
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.lease/4)
+		t.publishAcks(pctx, t.queuedAcks(batch))
+		cancel()
 	}
 }
 
@@ -107,14 +114,8 @@ func (t *Tracker) queuedAcks(batch []string) []string {
 	return batch
 }
 
-// publishAcks publishes batch in one pipeline, within a lease, even if ctx
-// ends meanwhile (Close): writers wait for it.
+// publishAcks publishes batch in one pipeline.
 func (t *Tracker) publishAcks(ctx context.Context, batch []string) {
-	if len(batch) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.lease)
-	defer cancel()
 	_, _ = t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for writer, seqs := range ackMessages(batch) {
 			p.Publish(ctx, ackChannel(t.prefix, writer), t.id+":"+seqs)

@@ -24,11 +24,11 @@ var (
 
 // confirmation collects the acknowledgements of one write.
 type confirmation struct {
-	mu    sync.Mutex
-	acked map[string]bool // by holder id; protected by mu
-	ch    chan struct{}   // a new acknowledgement came
-	gen   uint64          // a writer without a near cache: its subscription's generation when the write began
-	sure  bool            // a near cache's tracker: it was sure when the write began
+	mu     sync.Mutex
+	acked  map[string]bool // by holder id; protected by mu
+	ch     chan struct{}   // a new acknowledgement came
+	gen    uint64          // a writer without a near cache: its subscription's generation when the write began
+	sureCh <-chan struct{} // a near cache's tracker not sure when the write began: closed once it is
 }
 
 // Write runs a write of keys under the tracker's prefix and announces it to
@@ -102,7 +102,10 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 // acknowledgement may come before the confirmation's reply); end forgets it.
 func (t *Tracker) begin() (seq, marker string, cf *confirmation) {
 	seq = strconv.FormatUint(t.seq.Add(1), 10)
-	cf = &confirmation{acked: map[string]bool{}, ch: make(chan struct{}, 1), gen: t.sub.gen.Load(), sure: t.ready.Load()}
+	cf = &confirmation{acked: map[string]bool{}, ch: make(chan struct{}, 1), gen: t.sub.gen.Load()}
+	if !t.writerOnly {
+		cf.sureCh = t.whenSure() // taken now: a tracker made sure before await still closes it
+	}
 	t.pmu.Lock()
 	t.pending[seq] = cf
 	t.pmu.Unlock()
@@ -166,11 +169,11 @@ func (t *Tracker) await(ctx context.Context, cf *confirmation, marker string, re
 	case t.writerOnly:
 		heard = t.listen(cf.gen)
 		defer t.unlisten()
-	case !cf.sure:
+	case cf.sureCh != nil:
 		// The write began before this tracker's acknowledgement channel was
 		// confirmed (a Cache just made): ask again as soon as it is, not
 		// a quarter lease later.
-		heard = t.whenSure()
+		heard = cf.sureCh
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()

@@ -3,6 +3,7 @@
 package coherence
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,4 +69,27 @@ func TestNestedPrefixesShareAConnection(t *testing.T) {
 		"invalidations heard: inner %d, outer %d; want 1 each", inner.Load(), outer.Load())
 	time.Sleep(50 * time.Millisecond)
 	assert.EqualValues(t, 1, inner.Load(), "a tracker heard a key outside its prefix")
+}
+
+// Trackers of one hub closed one after the other: the second one's Close
+// sees the subscription changes of the first's, which must not make it sure
+// again nor renew the lease it just gave back (writers would wait it out).
+func TestClosedTrackerStaysClosed(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	for round := range 10 {
+		pb := fmt.Sprintf("%sb%d:", p, round)
+		hub := NewHub(redistest.Client(t, addr))
+		a := hub.New(fmt.Sprintf("%sa%d:", p, round), 2*time.Second, Hooks{})
+		b := hub.New(pb, 2*time.Second, Hooks{})
+		require.True(t, eventually(func() bool { return a.Serving() && b.Serving() }), "never serving")
+		require.True(t, eventually(func() bool { return admin.HExists(t.Context(), RegistryKey(pb), b.ID()).Val() }), "never registered")
+		a.Close()
+		b.Close()
+		time.Sleep(100 * time.Millisecond) // a renewal that was made ready would have run
+		assert.False(t, b.Sure() || b.Serving(), "round %d: a closed tracker is sure again", round)
+		assert.False(t, admin.HExists(t.Context(), RegistryKey(pb), b.ID()).Val(), "round %d: a closed tracker renewed its lease", round)
+		hub.Close()
+	}
 }

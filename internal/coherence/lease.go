@@ -32,6 +32,7 @@ const (
 // becomes ready (t.renewNow), until ctx ends.
 func (t *Tracker) renewLoop(ctx context.Context) {
 	defer t.done.Done()
+	defer close(t.renewDone)
 	tick := time.NewTicker(t.lease / 4)
 	defer tick.Stop()
 	for {
@@ -220,7 +221,9 @@ func (h *Hub) pong(n *node, payload string) {
 // do not wait for a process that no longer serves memory; then, with a
 // PING on every tracking connection, it takes in the markers of the writes
 // that read the registry before, so that they are acknowledged, not waited
-// out. Bounded by a quarter lease.
+// out (on a single server: a cluster's markers come through the bus, in no
+// order with the PINGs, so some may come after). Bounded by a quarter
+// lease.
 func (t *Tracker) resign() {
 	ctx, cancel := context.WithTimeout(context.Background(), t.lease/4)
 	defer cancel()

@@ -60,17 +60,20 @@ type Tracker struct {
 	seed   maphash.Seed
 	hooks  Hooks
 
-	gens   [stripes]atomic.Uint64 // per stripe: invalidations seen
-	epoch  atomic.Uint64          // every drop of everything
-	ready  atomic.Bool            // every node is subscribed and nothing is in doubt
-	smu    sync.Mutex             // protects sureCh; held while ready turns true
-	sureCh chan struct{}          // closed when ready next turns true; nil: nobody waits
+	gens    [stripes]atomic.Uint64 // per stripe: invalidations seen
+	epoch   atomic.Uint64          // every drop of everything
+	ready   atomic.Bool            // every node is subscribed and nothing is in doubt
+	smu     sync.Mutex             // protects sureCh; held while ready turns true
+	sureCh  chan struct{}          // closed when ready next turns true; nil: nobody waits
+	closing atomic.Bool            // Close began: never ready again; set under smu
 
-	hub    *Hub         // its tracking connections, shared with the other trackers of its client
-	ownHub bool         // made by New or NewEventual: Close closes it
-	nnodes atomic.Int32 // the hub's connections, as many as a marker must come on
-	stop   context.CancelFunc
-	done   sync.WaitGroup
+	hub       *Hub         // its tracking connections, shared with the other trackers of its client
+	ownHub    bool         // made by New or NewEventual: Close closes it
+	nnodes    atomic.Int32 // the hub's connections, as many as a marker must come on
+	stop      context.CancelFunc
+	done      sync.WaitGroup
+	stopRenew context.CancelFunc // ends renewLoop alone, before the lease is given back
+	renewDone chan struct{}      // closed when renewLoop returned
 
 	// The holder's side (lease.go, ack.go).
 	id         string        // names this holder's lease and its acknowledgement channel
@@ -119,8 +122,10 @@ func (h *Hub) New(prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
 	t, ctx := newTracker(h.rdb, prefix, leaseLen, hooks)
 	t.hub = h
 	t.renewNow, t.acks = make(chan struct{}, 1), make(chan string, 4096)
+	rctx, stopRenew := context.WithCancel(ctx)
+	t.stopRenew, t.renewDone = stopRenew, make(chan struct{})
 	t.done.Add(2)
-	go t.renewLoop(ctx)
+	go t.renewLoop(rctx)
 	go t.ackLoop(ctx)
 	h.register(t)
 	return t
@@ -173,16 +178,24 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	return t, ctx
 }
 
-// Close stops serving memory, closes every tracking connection, waits for
-// the tracker's goroutines, and gives the lease back, so that writers do
-// not wait for a process that no longer serves memory. A writer's tracker
+// Close stops serving memory and renewing the lease, gives the lease back
+// and acknowledges the writes that counted on it (see resign), then closes
+// its tracking connections and waits for its goroutines. Writers do not
+// wait for a process that no longer serves memory. A writer's tracker
 // closes its acknowledgement subscription.
 func (t *Tracker) Close() {
 	if t.writerOnly {
 		t.closeWriter()
 		return
 	}
-	t.ready.Store(false) // nothing served from here on, before the lease is given back
+	t.smu.Lock()
+	t.closing.Store(true) // a subscription confirmed from here on does not make it sure again
+	t.ready.Store(false)  // nothing served from here on, before the lease is given back
+	t.smu.Unlock()
+	if t.stopRenew != nil { // no renewal writes the registry or extends the lease past this
+		t.stopRenew()
+		<-t.renewDone
+	}
 	t.leaseUntil.Store(0)
 	if !t.eventual { // (it never registered)
 		t.resign()
@@ -223,6 +236,9 @@ func (t *Tracker) whenSure() <-chan struct{} {
 func (t *Tracker) becomeSure() {
 	t.smu.Lock()
 	defer t.smu.Unlock()
+	if t.closing.Load() {
+		return
+	}
 	t.ready.Store(true)
 	if t.sureCh != nil {
 		close(t.sureCh)
