@@ -198,7 +198,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	if !c.brk.Allow() {
 		return c.redisFailed(ctx, key, c.brk.Err(), load, o)
 	}
-	b, err := c.redisio.Get(ctx, key)
+	b, current, err := c.read(ctx, key)
 	var skip []byte        // bytes at key we could not decode, or must reload: a miss, to be replaced
 	var expired *result[V] // a value expired by hand: the fallback if the load fails
 	switch c.readReply(key, err) {
@@ -207,7 +207,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			skip = b
 			break
 		}
-		r := c.decode(ctx, key, b, at)
+		r := c.decodeFor(key, b, at, current)
 		if f := c.found(ctx, key, load, o, r); f != nil {
 			return f, nil
 		}

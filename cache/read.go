@@ -32,7 +32,7 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	}
 	tk := c.nearTicket(key)
 	at := time.Now()
-	b, err := c.redisio.Get(ctx, key)
+	b, current, err := c.read(ctx, key)
 	switch c.redisCall(key, err) {
 	case errNone:
 	default:
@@ -41,7 +41,7 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	if errors.Is(err, redis.Nil) {
 		return zero, ErrCacheMiss
 	}
-	r := c.decode(ctx, key, b, at)
+	r := c.decodeFor(key, b, at, current)
 	if r == nil {
 		return zero, ErrCacheMiss
 	}

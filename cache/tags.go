@@ -100,3 +100,14 @@ func (c *Cache[V]) stampRead(key string, b []byte, current func(record.Stamp) (b
 	}
 	return &st, cur
 }
+
+// read is a flight's read of key and the check of its record's stamp. A
+// Cache with tags whose versions are not in memory reads them with the
+// value on a single server (see tags.Versions.GetWith).
+func (c *Cache[V]) read(ctx context.Context, key string) ([]byte, func(record.Stamp) (bool, error), error) {
+	if c.tags.OneTrip() {
+		return c.tags.GetWith(ctx, key)
+	}
+	b, err := c.redisio.Get(ctx, key)
+	return b, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) }, err
+}

@@ -318,3 +318,44 @@ func TestGetOrLoadManyReadsVersionsOnce(t *testing.T) {
 		assert.Equal(t, want, got[k].Price, k)
 	}
 }
+
+// Without a near cache, a read of a tagged value on a single server reads
+// the versions with the value, in one MGET, once it knows the value's tags
+// (from its last read); a DeleteByTag in between is seen all the same, and
+// a value whose tags changed is checked against its new ones.
+func TestTaggedReadIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	rdb, p := setup(t)
+	ctx := context.Background()
+	cmds := countCommands(rdb) // before New: hooks go on a client not yet in use
+	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
+	defer c.Close()
+	require.NoError(t, c.Set(ctx, "k", product{ID: "k", Price: 1}, Tags("a", "b")))
+	_, err := c.Get(ctx, "k") // learns k's tags: a second MGET for them
+	require.NoError(t, err)
+	for range 3 {
+		reads := func() int { return cmds.get("get") + cmds.get("mget") }
+		before := reads()
+		got, err := c.Get(ctx, "k")
+		require.NoError(t, err)
+		assert.Equal(t, 1, got.Price)
+		assert.Equal(t, 1, reads()-before, "a tagged hit took more than one read")
+	}
+	require.NoError(t, c.DeleteByTag(ctx, "b"))
+	_, err = c.Get(ctx, "k")
+	assert.ErrorIs(t, err, ErrCacheMiss, "a value deleted by tag was served")
+
+	// Tags changed since the last read: checked against the new ones.
+	require.NoError(t, c.Set(ctx, "k", product{ID: "k", Price: 2}, Tags("c")))
+	got, err := c.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 2, got.Price)
+	require.NoError(t, c.DeleteByTag(ctx, "c"))
+	_, err = c.Get(ctx, "k")
+	assert.ErrorIs(t, err, ErrCacheMiss, "a value deleted by its new tag was served")
+	src := &tagSource{}
+	src.set("k", 3)
+	v, err := c.GetOrLoad(ctx, "k", src.loader("k", "c"))
+	require.NoError(t, err)
+	assert.Equal(t, 3, v.Price, "the reload")
+}

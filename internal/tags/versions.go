@@ -13,8 +13,12 @@ import (
 	"github.com/stampede-go/stampede/internal/slot"
 )
 
-// memoMax bounds the versions kept in memory; past it they are read anew.
-const memoMax = 10_000
+// memoMax bounds the versions kept in memory, and guessMax the keys whose
+// tags GetWith remembers; past them they are read anew.
+const (
+	memoMax  = 10_000
+	guessMax = 1 << 16
+)
 
 // Versions is one prefix's tag versions. Safe for concurrent use once
 // Track, if called, has returned.
@@ -29,19 +33,23 @@ type Versions struct {
 
 	mu   sync.Mutex
 	memo map[string]uint64 // versions by key, while track vouches for them
+
+	gmu     sync.Mutex
+	guesses map[string][]string // value key -> its record's tags at its last read (GetWith)
 }
 
 // New returns the versions of prefix, read from rdb; on says the Cache has
 // WithTags.
 func New(rdb redis.UniversalClient, prefix string, on bool) *Versions {
 	return &Versions{
-		Clock:  slot.Companion(prefix, ":stampede:tag#clock"),
-		All:    slot.Companion(prefix, ":stampede:tag#all"),
-		base:   slot.Companion(prefix, ":stampede:tag"),
-		prefix: prefix,
-		rdb:    rdb,
-		on:     on,
-		memo:   map[string]uint64{},
+		Clock:   slot.Companion(prefix, ":stampede:tag#clock"),
+		All:     slot.Companion(prefix, ":stampede:tag#all"),
+		base:    slot.Companion(prefix, ":stampede:tag"),
+		prefix:  prefix,
+		rdb:     rdb,
+		on:      on,
+		memo:    map[string]uint64{},
+		guesses: map[string][]string{},
 	}
 }
 
@@ -102,13 +110,9 @@ func (s *Versions) Read(ctx context.Context, keys []string) ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	vs := make([]uint64, len(keys))
-	for i, g := range got {
-		if v, ok := g.(string); ok {
-			if vs[i], err = strconv.ParseUint(v, 10, 64); err != nil {
-				return nil, fmt.Errorf("cache: tag version at %q is not a number: %q", keys[i], v)
-			}
-		}
+	vs, err := parseVersions(keys, got)
+	if err != nil {
+		return nil, err
 	}
 	if tk.OK() {
 		s.keep(tk, keys, vs)
@@ -211,4 +215,79 @@ func (s *Versions) Vouched(ctx context.Context, stamps []*record.Stamp) []bool {
 		}
 	}
 	return ok
+}
+
+// parseVersions reads the versions an MGET of keys returned (0 for a key
+// never set).
+func parseVersions(keys []string, got []any) ([]uint64, error) {
+	if len(got) != len(keys) {
+		return nil, fmt.Errorf("cache: tag versions: %d replies for %d keys", len(got), len(keys))
+	}
+	vs := make([]uint64, len(keys))
+	for i, g := range got {
+		if v, ok := g.(string); ok {
+			var err error
+			if vs[i], err = strconv.ParseUint(v, 10, 64); err != nil {
+				return nil, fmt.Errorf("cache: tag version at %q is not a number: %q", keys[i], v)
+			}
+		}
+	}
+	return vs, nil
+}
+
+// OneTrip reports whether reads should go through GetWith: a Cache with
+// tags on a single server, whose near cache (if any) does not serve, so
+// that no versions are in memory.
+func (s *Versions) OneTrip() bool {
+	_, single := s.rdb.(*redis.Client)
+	return s.on && single && (s.track == nil || !s.track.Serving())
+}
+
+// GetWith reads key and, in the same MGET, the versions its record depended
+// on at its last read (a value's tags seldom change), so that a current
+// value costs one round trip, not two. current answers from them when the
+// record's tags are those, else reads the versions as Current does; read
+// with the value, they are what a read after it would see or older. A
+// missing key (or one of another type) is redis.Nil, as a GET says.
+func (s *Versions) GetWith(ctx context.Context, key string) ([]byte, func(record.Stamp) (bool, error), error) {
+	s.gmu.Lock()
+	tags := s.guesses[key]
+	s.gmu.Unlock()
+	keys := s.keysOf([]string{key}, record.Stamp{Tags: tags})
+	got, err := s.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(got) != len(keys) {
+		return nil, nil, fmt.Errorf("cache: MGET: %d replies for %d keys", len(got), len(keys))
+	}
+	vs, verr := parseVersions(keys[1:], got[1:])
+	current := func(st record.Stamp) (bool, error) {
+		s.remember(key, st.Tags)
+		if !slices.Equal(st.Tags, tags) {
+			return s.Current(ctx, st)
+		}
+		if verr != nil {
+			return false, verr
+		}
+		return slices.Max(vs) <= st.Clock, nil
+	}
+	v, ok := got[0].(string)
+	if !ok {
+		return nil, current, redis.Nil
+	}
+	return []byte(v), current, nil
+}
+
+// remember notes the tags of key's record for its next GetWith.
+func (s *Versions) remember(key string, tags []string) {
+	s.gmu.Lock()
+	defer s.gmu.Unlock()
+	if old, ok := s.guesses[key]; ok && slices.Equal(old, tags) {
+		return
+	}
+	if len(s.guesses) >= guessMax {
+		clear(s.guesses)
+	}
+	s.guesses[key] = tags
 }
