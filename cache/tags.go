@@ -102,11 +102,14 @@ func (c *Cache[V]) stampRead(key string, b []byte, current func(record.Stamp) (b
 }
 
 // read is a flight's read of key and the check of its record's stamp. A
-// Cache with tags whose versions are not in memory reads them with the
-// value on a single server (see tags.Versions.GetWith).
+// Cache with tags whose versions are not in memory reads, on a single
+// server, those its record needed last time in the same MGET (see
+// tags.Versions.Guess): one round trip, coalesced with other reads.
 func (c *Cache[V]) read(ctx context.Context, key string) ([]byte, func(record.Stamp) (bool, error), error) {
 	if c.tags.OneTrip() {
-		return c.tags.GetWith(ctx, key)
+		tags, keys := c.tags.Guess(key)
+		b, vals, err := c.redisio.GetWith(ctx, key, keys)
+		return b, c.tags.With(ctx, key, tags, keys, vals), err
 	}
 	b, err := c.redisio.Get(ctx, key)
 	return b, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) }, err

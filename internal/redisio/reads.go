@@ -63,57 +63,66 @@ type coalescer struct {
 
 // pendingRead is a queued read and, once done fires, its reply.
 type pendingRead struct {
-	key  string
-	val  []byte
-	err  error
-	done chan struct{} // buffered: the sender never waits for a reader that left
+	key   string
+	extra []string // keys read with it, in the same MGET (single server only)
+	val   []byte
+	vals  []any // extra's replies
+	err   error
+	done  chan struct{} // buffered: the sender never waits for a reader that left
 }
 
 // get is Client.Get.
-func (co *coalescer) get(ctx context.Context, key string) ([]byte, error) {
+// extra, the keys read with key, is for a single server only.
+func (co *coalescer) get(ctx context.Context, key string, extra []string) ([]byte, []any, error) {
 	if co.server == nil && co.masters == nil {
-		return co.rdb.Get(ctx, key).Bytes()
+		b, err := co.rdb.Get(ctx, key).Bytes()
+		return b, nil, err
 	}
 	co.mu.Lock()
 	if !co.busy { // nothing on the wire: go at once
 		co.busy = true
 		co.mu.Unlock()
-		b, err := co.single(ctx, key)
+		b, vals, err := co.single(ctx, key, extra)
 		co.done()
-		return b, err
+		return b, vals, err
 	}
 	r, _ := co.pool.Get().(*pendingRead)
 	if r == nil {
 		r = &pendingRead{done: make(chan struct{}, 1)}
 	}
-	r.key = key
+	r.key, r.extra = key, extra
 	co.queue = append(co.queue, r)
 	co.mu.Unlock()
 	select {
 	case <-r.done:
-		b, err := r.val, r.err
-		r.key, r.val, r.err = "", nil, nil
+		b, vals, err := r.val, r.vals, r.err
+		r.key, r.extra, r.val, r.vals, r.err = "", nil, nil, nil, nil
 		co.pool.Put(r)
-		return b, err
+		return b, vals, err
 	case <-ctx.Done():
-		return nil, ctx.Err() // the batch still fills r, into its buffer; r is never reused
+		return nil, nil, ctx.Err() // the batch still fills r, into its buffer; r is never reused
 	}
 }
 
 // single is a lone read, on the caller's ctx.
-func (co *coalescer) single(ctx context.Context, key string) ([]byte, error) {
+func (co *coalescer) single(ctx context.Context, key string, extra []string) ([]byte, []any, error) {
 	rdb := co.server
 	if rdb == nil {
 		var err error
 		if rdb, err = co.masters.MasterForKey(ctx, key); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+	}
+	if len(extra) > 0 {
+		r := &pendingRead{key: key, extra: extra}
+		fillFromMGet([]*pendingRead{r}, rdb.MGet(ctx, readKeys([]*pendingRead{r})...))
+		return r.val, r.vals, r.err
 	}
 	b, err := rdb.Get(ctx, key).Bytes()
 	if rediserr.IsWrongType(err) { // as MGET says of it
 		err = redis.Nil
 	}
-	return b, err
+	return b, nil, err
 }
 
 // done is called by the sender when its read or batch returned: the reads
@@ -220,20 +229,27 @@ func pipeMGets(ctx context.Context, node *redis.Client, slots [][]*pendingRead) 
 // the MGET's error.
 func fillFromMGet(reads []*pendingRead, cmd *redis.SliceCmd) {
 	vals, err := cmd.Result()
-	if err == nil && len(vals) != len(reads) {
+	n := 0
+	for _, r := range reads {
+		n += 1 + len(r.extra)
+	}
+	if err == nil && len(vals) != n {
 		err = errors.New("cache: redis: MGET replied with the wrong number of values")
 	}
 	if err != nil {
 		failReads(reads, err)
 		return
 	}
-	for i, r := range reads {
+	i := 0
+	for _, r := range reads {
 		switch v := vals[i].(type) {
 		case string:
 			r.val = []byte(v)
 		default: // nil: no value, or one of another type
 			r.err = redis.Nil
 		}
+		r.vals = vals[i+1 : i+1+len(r.extra)]
+		i += 1 + len(r.extra)
 	}
 }
 
@@ -244,10 +260,11 @@ func failReads(reads []*pendingRead, err error) {
 	}
 }
 
+// readKeys lists the keys of reads, each followed by its extra keys.
 func readKeys(reads []*pendingRead) []string {
-	keys := make([]string, len(reads))
-	for i, r := range reads {
-		keys[i] = r.key
+	keys := make([]string, 0, len(reads))
+	for _, r := range reads {
+		keys = append(append(keys, r.key), r.extra...)
 	}
 	return keys
 }

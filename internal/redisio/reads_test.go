@@ -168,6 +168,43 @@ func TestConcurrentReadsGoOutAsOneMGet(t *testing.T) {
 	assert.Equal(t, 1, gate.count("mget"))
 }
 
+// TestReadsWithOtherKeysJoinTheBatch: reads that carry keys of their own
+// (GetWith: a tagged value and its versions) go out in the same MGET as
+// plain reads, each getting its value and its keys' replies in order; a
+// lone one goes out as one MGET.
+func TestReadsWithOtherKeysJoinTheBatch(t *testing.T) {
+	gate, rdb, p, cl := newGatedClient(t)
+	for _, k := range []string{"a", "b", "x", "y"} {
+		require.NoError(t, rdb.Set(t.Context(), p+k, "v"+k, 0).Err())
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		b, vals, err := cl.GetWith(t.Context(), p+"a", []string{p + "x", p + "none"})
+		assert.NoError(t, err)
+		assert.Equal(t, "va", string(b))
+		assert.Equal(t, []any{"vx", nil}, vals)
+	})
+	assert.Equal(t, []string{p + "a", p + "x", p + "none"}, gate.next(t), "a lone read with keys goes out at once, as one MGET")
+	wg.Go(func() {
+		b, err := cl.Get(t.Context(), p+"b")
+		assert.NoError(t, err)
+		assert.Equal(t, "vb", string(b))
+	})
+	wg.Go(func() {
+		b, vals, err := cl.GetWith(t.Context(), p+"none", []string{p + "y"})
+		assert.ErrorIs(t, err, redis.Nil)
+		assert.Nil(t, b)
+		assert.Equal(t, []any{"vy"}, vals)
+	})
+	queued(t, cl, 2)
+	gate.release <- struct{}{}
+	assert.ElementsMatch(t, []string{p + "b", p + "none", p + "y"}, gate.next(t), "queued reads and their keys go out together")
+	gate.open()
+	wg.Wait()
+	assert.Equal(t, 0, gate.count("get"))
+	assert.Equal(t, 2, gate.count("mget"))
+}
+
 // TestReaderLeavesWhenItsCtxEndsDuringABatch: two reads in one MGET; the
 // first one's ctx ends while the MGET's reply is held: it returns at once,
 // the other still gets its value from the same MGET.

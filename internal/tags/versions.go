@@ -14,7 +14,7 @@ import (
 )
 
 // memoMax bounds the versions kept in memory, and guessMax the keys whose
-// tags GetWith remembers; past them they are read anew.
+// tags Guess remembers; past them they are read anew.
 const (
 	memoMax  = 10_000
 	guessMax = 1 << 16
@@ -35,7 +35,7 @@ type Versions struct {
 	memo map[string]uint64 // versions by key, while track vouches for them
 
 	gmu     sync.Mutex
-	guesses map[string][]string // value key -> its record's tags at its last read (GetWith)
+	guesses map[string]guess // value key -> its record's tags at its last read (Guess)
 }
 
 // New returns the versions of prefix, read from rdb; on says the Cache has
@@ -49,7 +49,7 @@ func New(rdb redis.UniversalClient, prefix string, on bool) *Versions {
 		rdb:     rdb,
 		on:      on,
 		memo:    map[string]uint64{},
-		guesses: map[string][]string{},
+		guesses: map[string]guess{},
 	}
 }
 
@@ -235,7 +235,8 @@ func parseVersions(keys []string, got []any) ([]uint64, error) {
 	return vs, nil
 }
 
-// OneTrip reports whether reads should go through GetWith: a Cache with
+// OneTrip reports whether reads should fetch the versions with the value
+// (Guess, With): a Cache with
 // tags on a single server, whose near cache (if any) does not serve, so
 // that no versions are in memory.
 func (s *Versions) OneTrip() bool {
@@ -243,51 +244,51 @@ func (s *Versions) OneTrip() bool {
 	return s.on && single && (s.track == nil || !s.track.Serving())
 }
 
-// GetWith reads key and, in the same MGET, the versions its record depended
-// on at its last read (a value's tags seldom change), so that a current
-// value costs one round trip, not two. current answers from them when the
-// record's tags are those, else reads the versions as Current does; read
-// with the value, they are what a read after it would see or older. A
-// missing key (or one of another type) is redis.Nil, as a GET says.
-func (s *Versions) GetWith(ctx context.Context, key string) ([]byte, func(record.Stamp) (bool, error), error) {
+// Guess returns the tags key's record had at its last read (a value's
+// tags seldom change) and the version keys they need, to read with the
+// value in one MGET (see With).
+func (s *Versions) Guess(key string) (tags, keys []string) {
 	s.gmu.Lock()
-	tags := s.guesses[key]
+	g, ok := s.guesses[key]
 	s.gmu.Unlock()
-	keys := s.keysOf([]string{key}, record.Stamp{Tags: tags})
-	got, err := s.rdb.MGet(ctx, keys...).Result()
-	if err != nil {
-		return nil, nil, err
+	if !ok {
+		return nil, []string{s.All}
 	}
-	if len(got) != len(keys) {
-		return nil, nil, fmt.Errorf("cache: MGET: %d replies for %d keys", len(got), len(keys))
-	}
-	vs, verr := parseVersions(keys[1:], got[1:])
-	current := func(st record.Stamp) (bool, error) {
+	return g.tags, g.keys
+}
+
+// guess is what Guess remembers of a key: its tags and their version keys,
+// built once.
+type guess struct{ tags, keys []string }
+
+// With is Current for the record read at key together with the versions
+// at keys (vals, their MGET replies), which Guess gave for tags: when the
+// record's tags are those it answers from vals, which, read with the
+// record, are what a read after it would see or older; else it reads the
+// versions as Current does.
+func (s *Versions) With(ctx context.Context, key string, tags, keys []string, vals []any) func(record.Stamp) (bool, error) {
+	return func(st record.Stamp) (bool, error) {
 		s.remember(key, st.Tags)
 		if !slices.Equal(st.Tags, tags) {
 			return s.Current(ctx, st)
 		}
-		if verr != nil {
-			return false, verr
+		vs, err := parseVersions(keys, vals)
+		if err != nil {
+			return false, err
 		}
 		return slices.Max(vs) <= st.Clock, nil
 	}
-	v, ok := got[0].(string)
-	if !ok {
-		return nil, current, redis.Nil
-	}
-	return []byte(v), current, nil
 }
 
-// remember notes the tags of key's record for its next GetWith.
+// remember notes the tags of key's record for its next Guess.
 func (s *Versions) remember(key string, tags []string) {
 	s.gmu.Lock()
 	defer s.gmu.Unlock()
-	if old, ok := s.guesses[key]; ok && slices.Equal(old, tags) {
+	if old, ok := s.guesses[key]; ok && slices.Equal(old.tags, tags) {
 		return
 	}
 	if len(s.guesses) >= guessMax {
 		clear(s.guesses)
 	}
-	s.guesses[key] = tags
+	s.guesses[key] = guess{tags, s.keysOf(nil, record.Stamp{Tags: tags})}
 }
