@@ -65,7 +65,7 @@ type Tracker struct {
 	ready   atomic.Bool            // every node is subscribed and nothing is in doubt
 	smu     sync.Mutex             // protects sureCh; held while ready turns true
 	sureCh  chan struct{}          // closed when ready next turns true; nil: nobody waits
-	closing atomic.Bool            // Close began: never ready again; set under smu
+	closing bool                   // Close began: never ready again; protected by smu
 
 	hub       *Hub         // its tracking connections, shared with the other trackers of its client
 	ownHub    bool         // made by New or NewEventual: Close closes it
@@ -189,8 +189,8 @@ func (t *Tracker) Close() {
 		return
 	}
 	t.smu.Lock()
-	t.closing.Store(true) // a subscription confirmed from here on does not make it sure again
-	t.ready.Store(false)  // nothing served from here on, before the lease is given back
+	t.closing = true     // a subscription confirmed from here on does not make it sure again
+	t.ready.Store(false) // nothing served from here on, before the lease is given back
 	t.smu.Unlock()
 	if t.stopRenew != nil { // no renewal writes the registry or extends the lease past this
 		t.stopRenew()
@@ -236,7 +236,7 @@ func (t *Tracker) whenSure() <-chan struct{} {
 func (t *Tracker) becomeSure() {
 	t.smu.Lock()
 	defer t.smu.Unlock()
-	if t.closing.Load() {
+	if t.closing {
 		return
 	}
 	t.ready.Store(true)

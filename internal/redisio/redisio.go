@@ -10,6 +10,7 @@ package redisio
 
 import (
 	"context"
+	"errors"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -52,34 +53,14 @@ func (cl *Client) Get(ctx context.Context, key string) ([]byte, error) {
 	return b, err
 }
 
-// GetWith is Get with other keys read in the same MGET (on a single
-// server; elsewhere in an MGET of their own, in the key's slot or not):
-// their raw replies, nil where a key has no string, come back in order.
+// GetWith is Get with other keys read in the same MGET, their raw
+// replies (nil where a key has no string) in order. Single-server clients
+// only: elsewhere the keys may lie in other slots.
 func (cl *Client) GetWith(ctx context.Context, key string, extra []string) ([]byte, []any, error) {
 	if cl.reads.server == nil {
-		vals, err := cl.rdb.MGet(ctx, append([]string{key}, extra...)...).Result()
-		if err != nil {
-			return nil, nil, err
-		}
-		return bytesOrNil(vals[0]), vals[1:], nilIfNone(vals[0])
+		return nil, nil, errors.New("cache: redis: a read with other keys needs a single-server client")
 	}
 	return cl.reads.get(ctx, key, extra)
-}
-
-// bytesOrNil and nilIfNone read an MGET reply: no value, or one of another
-// type, is nil there and redis.Nil to a reader.
-func bytesOrNil(v any) []byte {
-	if s, ok := v.(string); ok {
-		return []byte(s)
-	}
-	return nil
-}
-
-func nilIfNone(v any) error {
-	if _, ok := v.(string); ok {
-		return nil
-	}
-	return redis.Nil
 }
 
 // Queued returns the number of reads waiting for the next batch; tests use

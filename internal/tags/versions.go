@@ -240,8 +240,11 @@ func parseVersions(keys []string, got []any) ([]uint64, error) {
 // tags on a single server, whose near cache (if any) does not serve, so
 // that no versions are in memory.
 func (s *Versions) OneTrip() bool {
+	if !s.on {
+		return false
+	}
 	_, single := s.rdb.(*redis.Client)
-	return s.on && single && (s.track == nil || !s.track.Serving())
+	return single && (s.track == nil || !s.track.Serving())
 }
 
 // Guess returns the tags key's record had at its last read (a value's
@@ -263,9 +266,8 @@ type guess struct{ tags, keys []string }
 
 // With is Current for the record read at key together with the versions
 // at keys (vals, their MGET replies), which Guess gave for tags: when the
-// record's tags are those it answers from vals, which, read with the
-// record, are what a read after it would see or older; else it reads the
-// versions as Current does.
+// record's tags are those it answers from vals, the versions at the moment
+// the record was read; else it reads the versions as Current does.
 func (s *Versions) With(ctx context.Context, key string, tags, keys []string, vals []any) func(record.Stamp) (bool, error) {
 	return func(st record.Stamp) (bool, error) {
 		s.remember(key, st.Tags)
