@@ -115,7 +115,7 @@ func (co *coalescer) single(ctx context.Context, key string, extra []string) ([]
 	}
 	if len(extra) > 0 {
 		r := &pendingRead{key: key, extra: extra}
-		fillFromMGet([]*pendingRead{r}, rdb.MGet(ctx, readKeys([]*pendingRead{r})...))
+		mget(ctx, rdb, []*pendingRead{r})
 		return r.val, r.vals, r.err
 	}
 	b, err := rdb.Get(ctx, key).Bytes()
@@ -156,7 +156,7 @@ func (co *coalescer) drain() {
 
 		ctx := co.batchContext()
 		if co.server != nil {
-			fillFromMGet(batch, co.server.MGet(ctx, readKeys(batch)...))
+			mget(ctx, co.server, batch)
 		} else {
 			co.perMaster(ctx, batch)
 		}
@@ -207,13 +207,16 @@ func bySlot(reads []*pendingRead) [][]*pendingRead {
 // several.
 func pipeMGets(ctx context.Context, node *redis.Client, slots [][]*pendingRead) {
 	if len(slots) == 1 {
-		fillFromMGet(slots[0], node.MGet(ctx, readKeys(slots[0])...))
+		mget(ctx, node, slots[0])
 		return
 	}
 	cmds := make([]*redis.SliceCmd, len(slots))
+	ats := make([]map[string]int, len(slots))
 	_, perr := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, rs := range slots {
-			cmds[i] = p.MGet(ctx, readKeys(rs)...)
+			var keys []string
+			keys, ats[i] = readKeys(rs)
+			cmds[i] = p.MGet(ctx, keys...)
 		}
 		return nil
 	})
@@ -221,35 +224,43 @@ func pipeMGets(ctx context.Context, node *redis.Client, slots [][]*pendingRead) 
 		if cmd.Err() == nil && cmd.Val() == nil && perr != nil {
 			cmd.SetErr(perr) // a pipeline that could not be sent may leave its commands untouched
 		}
-		fillFromMGet(slots[i], cmd)
+		fillFromMGet(slots[i], ats[i], cmd)
 	}
 }
 
-// fillFromMGet gives each read its value from an MGET of their keys, or
-// the MGET's error.
-func fillFromMGet(reads []*pendingRead, cmd *redis.SliceCmd) {
+// mget fills reads from one MGET of their keys.
+func mget(ctx context.Context, c redis.Cmdable, reads []*pendingRead) {
+	keys, at := readKeys(reads)
+	fillFromMGet(reads, at, c.MGet(ctx, keys...))
+}
+
+// fillFromMGet gives each read its value from an MGET of the keys
+// readKeys(reads) returned with at, or the MGET's error.
+func fillFromMGet(reads []*pendingRead, at map[string]int, cmd *redis.SliceCmd) {
 	vals, err := cmd.Result()
-	n := 0
-	for _, r := range reads {
-		n += 1 + len(r.extra)
-	}
-	if err == nil && len(vals) != n {
+	if err == nil && len(vals) != len(at) {
 		err = errors.New("cache: redis: MGET replied with the wrong number of values")
 	}
 	if err != nil {
 		failReads(reads, err)
 		return
 	}
-	i := 0
+	n := 0
 	for _, r := range reads {
-		switch v := vals[i].(type) {
+		n += len(r.extra)
+	}
+	extra := make([]any, n) // every read's vals, carved from one slice
+	for _, r := range reads {
+		switch v := vals[at[r.key]].(type) {
 		case string:
 			r.val = []byte(v)
 		default: // nil: no value, or one of another type
 			r.err = redis.Nil
 		}
-		r.vals = vals[i+1 : i+1+len(r.extra)]
-		i += 1 + len(r.extra)
+		r.vals, extra = extra[:len(r.extra):len(r.extra)], extra[len(r.extra):]
+		for j, k := range r.extra {
+			r.vals[j] = vals[at[k]]
+		}
 	}
 }
 
@@ -260,11 +271,22 @@ func failReads(reads []*pendingRead, err error) {
 	}
 }
 
-// readKeys lists the keys of reads, each followed by its extra keys.
-func readKeys(reads []*pendingRead) []string {
-	keys := make([]string, 0, len(reads))
-	for _, r := range reads {
-		keys = append(append(keys, r.key), r.extra...)
+// readKeys lists the keys of reads and their extra keys, each once, and
+// where each is in the list: reads of a hot key, and tagged reads sharing
+// version keys, cost Redis one key each per MGET rather than one per read.
+func readKeys(reads []*pendingRead) (keys []string, at map[string]int) {
+	at = make(map[string]int, len(reads))
+	add := func(k string) {
+		if _, ok := at[k]; !ok {
+			at[k] = len(keys)
+			keys = append(keys, k)
+		}
 	}
-	return keys
+	for _, r := range reads {
+		add(r.key)
+		for _, k := range r.extra {
+			add(k)
+		}
+	}
+	return keys, at
 }

@@ -205,6 +205,43 @@ func TestReadsWithOtherKeysJoinTheBatch(t *testing.T) {
 	assert.Equal(t, 2, gate.count("mget"))
 }
 
+// TestABatchReadsEachKeyOnce: reads of one hot key, and reads sharing
+// their extra keys (tagged values and their versions), put each key in the
+// batch's MGET once, and every read still gets its own value and replies.
+func TestABatchReadsEachKeyOnce(t *testing.T) {
+	gate, rdb, p, cl := newGatedClient(t)
+	for _, k := range []string{"hot", "a", "v1", "v2"} {
+		require.NoError(t, rdb.Set(t.Context(), p+k, "x"+k, 0).Err())
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = cl.Get(t.Context(), p+"lead") })
+	gate.next(t)
+	for range 3 {
+		wg.Go(func() {
+			b, err := cl.Get(t.Context(), p+"hot")
+			assert.NoError(t, err)
+			assert.Equal(t, "xhot", string(b))
+		})
+	}
+	wg.Go(func() {
+		b, vals, err := cl.GetWith(t.Context(), p+"a", []string{p + "v1", p + "v2"})
+		assert.NoError(t, err)
+		assert.Equal(t, "xa", string(b))
+		assert.Equal(t, []any{"xv1", "xv2"}, vals)
+	})
+	wg.Go(func() {
+		b, vals, err := cl.GetWith(t.Context(), p+"none", []string{p + "v2", p + "hot", p + "v1"})
+		assert.ErrorIs(t, err, redis.Nil)
+		assert.Nil(t, b)
+		assert.Equal(t, []any{"xv2", "xhot", "xv1"}, vals)
+	})
+	queued(t, cl, 5)
+	gate.release <- struct{}{}
+	assert.ElementsMatch(t, []string{p + "hot", p + "a", p + "v1", p + "v2", p + "none"}, gate.next(t), "each key once")
+	gate.open()
+	wg.Wait()
+}
+
 // TestReaderLeavesWhenItsCtxEndsDuringABatch: two reads in one MGET; the
 // first one's ctx ends while the MGET's reply is held: it returns at once,
 // the other still gets its value from the same MGET.

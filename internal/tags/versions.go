@@ -270,8 +270,8 @@ type guess struct{ tags, keys []string }
 // the record was read; else it reads the versions as Current does.
 func (s *Versions) With(ctx context.Context, key string, tags, keys []string, vals []any) func(record.Stamp) (bool, error) {
 	return func(st record.Stamp) (bool, error) {
-		s.remember(key, st.Tags)
-		if !slices.Equal(st.Tags, tags) {
+		if !slices.Equal(st.Tags, tags) { // the guess was wrong: read them, guess better next time
+			s.remember(key, st.Tags)
 			return s.Current(ctx, st)
 		}
 		vs, err := parseVersions(keys, vals)
@@ -286,9 +286,6 @@ func (s *Versions) With(ctx context.Context, key string, tags, keys []string, va
 func (s *Versions) remember(key string, tags []string) {
 	s.gmu.Lock()
 	defer s.gmu.Unlock()
-	if old, ok := s.guesses[key]; ok && slices.Equal(old.tags, tags) {
-		return
-	}
 	if len(s.guesses) >= guessMax {
 		clear(s.guesses)
 	}
