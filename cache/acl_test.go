@@ -8,12 +8,15 @@ package cache
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/notify"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
@@ -21,20 +24,27 @@ import (
 )
 
 // aclRule is what the README tells a service with the prefix "product:" to
-// grant: its keys, its channels, and the near cache's invalidation channel.
-var aclRule = []any{"~product:*", "&product:*", "&__redis__:invalidate", "+@all"}
+// grant: its keys, the near caches' lease registry, its channels, and the
+// near cache's invalidation channel.
+var aclRule = []any{"~product:*", "~{*}:stampede:near:product:", "&product:*", "&__redis__:invalidate", "+@all"}
 
-func TestReadPathUnderPrefixACL(t *testing.T) {
-	t.Parallel()
+// aclUser creates the ACL user product-svc with rule on a private server
+// and returns a function making clients of it, and an admin client.
+func aclUser(t *testing.T, rule []any) (user func() *redis.Client, admin *redis.Client) {
 	srv := redistest.PrivateServer(t, "it creates an ACL user")
-	admin := redistest.Client(t, srv.Addr)
-	args := append([]any{"ACL", "SETUSER", "product-svc", "on", ">secret", "resetkeys", "resetchannels"}, aclRule...)
+	admin = redistest.Client(t, srv.Addr)
+	args := append([]any{"ACL", "SETUSER", "product-svc", "on", ">secret", "resetkeys", "resetchannels"}, rule...)
 	require.NoError(t, admin.Do(t.Context(), args...).Err())
-	user := func() *redis.Client {
+	return func() *redis.Client {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "product-svc", Password: "secret"})
 		t.Cleanup(func() { _ = rdb.Close() })
 		return rdb
-	}
+	}, admin
+}
+
+func TestReadPathUnderPrefixACL(t *testing.T) {
+	t.Parallel()
+	user, admin := aclUser(t, aclRule)
 	// The rule is enforced: a key outside the prefix is refused.
 	require.ErrorContains(t, user().Set(t.Context(), "other:1", "x", 0).Err(), "NOPERM")
 
@@ -118,8 +128,43 @@ func TestReadPathUnderPrefixACL(t *testing.T) {
 		return err == nil && v.ID == "new"
 	})
 
+	assert.EqualValues(t, 1, admin.Exists(t.Context(), coherence.RegistryKey("product:")).Val(), "the leases are not in their registry")
+	assert.Zero(t, admin.Exists(t.Context(), coherence.LegacyRegistryKey("product:")).Val(), "the registry of earlier versions made")
+
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Empty(t, hookErrs, "errors reported to the hook")
 	assert.Zero(t, redisErrs.Load(), "EventRedisError")
+}
+
+// Under the rule of versions before 0.4, which grants the prefix but not
+// the lease registry, the near cache serves and keeps read-after-write with
+// the registry under the prefix, and says once how to grant the other.
+func TestNearCacheUnderTheRuleOfEarlierVersions(t *testing.T) {
+	t.Parallel()
+	user, admin := aclUser(t, []any{"~product:*", "&product:*", "&__redis__:invalidate", "+@all"})
+	logs := &logCapture{}
+	ev := &events{}
+	r := New[product](user(), WithPrefix("product:"), WithLogger(slog.New(logs)), ev.option())
+	defer r.Close()
+	w := New[product](user(), WithPrefix("product:"))
+	defer w.Close()
+	for i := range 20 {
+		want := fmt.Sprint(i)
+		require.NoError(t, w.Set(t.Context(), "k", product{ID: want}))
+		v, err := r.GetOrLoad(t.Context(), "k", (&counter{}).load)
+		require.NoError(t, err)
+		require.Equal(t, want, v.ID, "read %d after the Set returned got an old value", i)
+		require.True(t, eventually(func() bool { return nearReady(r) && nearHas(r, "k") }), "never in memory")
+		v, err = r.GetOrLoad(t.Context(), "k", (&counter{}).load) // from memory
+		require.NoError(t, err)
+		require.Equal(t, want, v.ID)
+	}
+	assert.Positive(t, ev.get(EventNearHit), "the near cache never served")
+	assert.True(t, admin.HExists(t.Context(), coherence.LegacyRegistryKey("product:"), r.near.track.ID()).Val(), "no lease where the rule allows it")
+	assert.Zero(t, admin.Exists(t.Context(), coherence.RegistryKey("product:")).Val())
+	lines := logs.lines(slog.LevelWarn)
+	require.Len(t, lines, 1, "one word for the refused registry: %q", lines)
+	assert.Contains(t, lines[0], "~{*}:stampede:near:product:")
+	assert.Empty(t, logs.lines(slog.LevelError))
 }

@@ -35,7 +35,7 @@ type Cache[V any] struct {
 	brk      *health.Breaker    // share's
 	notify   *notify.Notifier   // share's: wakes waiters; nil: they poll
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)
-	registry string             // the near caches' lease registry: a reserved key
+	legacy   string             // the lease registry of versions before 0.4: a reserved key
 	markKeys string             // what writers' marker keys begin with: reserved
 	tags     *tags.Versions     // tag versions (see WithTags)
 
@@ -65,7 +65,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 		panic("cache: New: nil Redis client")
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
-	c.registry, c.markKeys = coherence.RegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
+	c.legacy, c.markKeys = coherence.LegacyRegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
 	c.tags = tags.New(rdb, c.cfg.prefix, c.cfg.tags)
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())

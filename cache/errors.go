@@ -55,8 +55,8 @@ var (
 	// ErrReservedKey is returned for a key (prefix included) that is the
 	// load lock name of another key ("product:42{5716}:stampede:lock", see
 	// [LockKey]), so that a value can never be stored where a lock lives,
-	// or the near caches' lease registry of the prefix
-	// (prefix+"{T}:stampede:near").
+	// or a near caches' lease registry ("{T}:stampede:near:"+prefix, for
+	// any prefix; prefix+"{T}:stampede:near" of earlier versions).
 	ErrReservedKey = errors.New("cache: key has the reserved shape of a lock name")
 
 	// ErrCircuitOpen is returned under [FailClosed] while the circuit breaker

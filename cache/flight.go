@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/lockkey"
 	"github.com/stampede-go/stampede/internal/record"
 )
@@ -156,7 +157,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 		return "", ErrEmptyKey
 	}
 	k = c.cfg.prefix + k
-	if lockkey.Is(k) || k == c.registry || strings.HasPrefix(k, c.markKeys) || c.tags.Global(k) {
+	if lockkey.Is(k) || coherence.IsRegistry(k) || k == c.legacy || strings.HasPrefix(k, c.markKeys) || c.tags.Global(k) {
 		return "", fmt.Errorf("%w: %q", ErrReservedKey, k)
 	}
 	return k, nil

@@ -265,20 +265,29 @@ func TestCloseDuringWritesIsNotWaitedOut(t *testing.T) {
 	assert.Zero(t, wev.get(EventNearLeaseWait), "writes waited out the lease of a cache that closed")
 }
 
-// The registry and the marker keys are reserved: no value can be stored
-// where they live.
+// The registries and the marker keys are reserved: no value can be stored
+// where they live, whatever the Cache's prefix (the registry's name does
+// not begin with its own).
 func TestCoherenceKeysAreReserved(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
 	c := New[product](rdb, WithPrefix(p))
 	defer c.Close()
-	for _, k := range []string{coherence.RegistryKey(p), coherence.MarkKeyPrefix(p) + "w:1"} {
+	bare := New[product](rdb, WithoutNearCache()) // no prefix: the registries of every prefix are keys it could name
+	defer bare.Close()
+	for _, k := range []string{coherence.RegistryKey(p), coherence.RegistryKey("{x}" + p), coherence.LegacyRegistryKey(p), coherence.MarkKeyPrefix(p) + "w:1"} {
 		local := strings.TrimPrefix(k, p)
-		err := c.Set(t.Context(), local, product{})
+		cc := c
+		if local == k {
+			cc = bare
+		}
+		err := cc.Set(t.Context(), local, product{})
 		assert.True(t, errors.Is(err, ErrReservedKey), "Set(%q): %v", local, err)
-		_, err = c.GetOrLoad(t.Context(), local, (&counter{}).load)
+		_, err = cc.GetOrLoad(t.Context(), local, (&counter{}).load)
 		assert.True(t, errors.Is(err, ErrReservedKey), "GetOrLoad(%q): %v", local, err)
 	}
+	// A name like a registry's that is not one is a key like any other.
+	require.NoError(t, bare.Set(t.Context(), "{x}:stampede:near:"+p, product{}))
 }
 
 // On a Ring (no cluster bus) the marker is published on every shard: writes
@@ -382,7 +391,7 @@ func TestNearCacheRefusedEachCommandItNeedsSaysSo(t *testing.T) {
 		{[]string{"-info"}, "INFO: NOPERM"},
 		{[]string{"-time"}, "LEASE SCRIPT"},    // Redis names the script's line, not the command
 		{[]string{"-hset"}, "LEASE SCRIPT"},    // Redis names the script's line, not the command
-		{[]string{"-hgetall"}, "LEASE SCRIPT"}, // Redis names the script's line, not the command
+		{[]string{"-exists"}, "LEASE SCRIPT"},  // Redis names the script's line, not the command
 		{[]string{"-pexpire"}, "LEASE SCRIPT"}, // Redis names the script's line, not the command
 		{[]string{"-evalsha"}, "EVALSHA"},
 	} {

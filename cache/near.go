@@ -111,9 +111,10 @@ func (c *Cache[V]) writeTracker() *coherence.Tracker {
 		if !nearSupported(c.rdb) {
 			return
 		}
-		cfg := c.cfg // not c: the tracker must not keep its Cache alive
+		cfg, health := c.cfg, c.share.res.health // not c: the tracker must not keep its Cache alive
 		w.track = coherence.NewWriter(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
-			OnLapse: func(holder string) { cfg.emit(EventNearLeaseWait, holder, 0, nil) },
+			OnLapse:  func(holder string) { cfg.emit(EventNearLeaseWait, holder, 0, nil) },
+			OnNarrow: func(err error) { health.NearNarrow(cfg.prefix, err) },
 		})
 		// Closed by Cache.Close (closeWriter), or when c is collected.
 		runtime.AddCleanup(c, func(t *coherence.Tracker) { go t.Close() }, w.track)
@@ -216,6 +217,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			cfg.emit(EventNearLeaseWait, holder, 0, nil)
 		},
 		OnRefused: func(err error) { health.NearRefused(cfg.prefix, err) },
+		OnNarrow:  func(err error) { health.NearNarrow(cfg.prefix, err) },
 		Global:    tags.Global,
 	})
 	return n

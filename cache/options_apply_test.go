@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -168,7 +169,7 @@ func TestReplicaReadsOnAClusterRunNoNearCache(t *testing.T) {
 	require.NoError(t, c.Set(t.Context(), "k", product{ID: "p2"}))
 	assert.True(t, c.near == nil, "a near cache that can keep nothing")
 	assert.NotNil(t, c.writeTracker(), "its writes are not confirmed with the others' near caches")
-	holders, err := rdb.HKeys(t.Context(), c.registry).Result()
+	holders, err := rdb.HKeys(t.Context(), coherence.RegistryKey(p)).Result()
 	require.NoError(t, err)
 	for _, h := range holders {
 		assert.Equal(t, "~since", h, "a lease in the registry, which writers wait for")

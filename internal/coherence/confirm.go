@@ -71,7 +71,7 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 	var confirm *redis.Cmd
 	cmds, perr := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		write(p)
-		confirm = p.Eval(ctx, confirmLua, []string{t.registry, t.markKeys + marker}, "", marker)
+		confirm = p.Eval(ctx, confirmLua, append(t.registries(), t.markKeys+marker), "", marker)
 		return nil
 	})
 	recv := nanotime()
@@ -90,6 +90,7 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 	return func() error {
 		reply, err := confirm.Slice()
 		if err != nil { // the marker key could not be written (maxmemory, say): publish the marker instead
+			t.narrowed(err)
 			t.end(seq)
 			return t.confirm(ctx)
 		}
@@ -130,7 +131,10 @@ func (t *Tracker) confirm(ctx context.Context) error {
 		}
 		channel = ""
 	}
-	reply, err := confirmScript.Run(ctx, t.rdb, []string{t.registry}, channel, marker).Slice()
+	reply, err := confirmScript.Run(ctx, t.rdb, t.registries(), channel, marker).Slice()
+	if t.narrowed(err) {
+		reply, err = confirmScript.Run(ctx, t.rdb, t.registries(), channel, marker).Slice()
+	}
 	recv := nanotime()
 	if err != nil {
 		return err
@@ -319,7 +323,7 @@ func parseLeases(reply []any) (now, since int64, leases map[string]int64, err er
 		if !ok1 || !ok2 {
 			return 0, 0, nil, bad()
 		}
-		leases[id] = end
+		leases[id] = max(leases[id], end) // listed in both registries
 	}
 	return now, since, leases, nil
 }

@@ -2,18 +2,43 @@
 
 package coherence
 
-import "github.com/stampede-go/stampede/internal/slot"
+import (
+	"strings"
+
+	"github.com/stampede-go/stampede/internal/slot"
+)
 
 // invalidateChannel is where Redis sends RESP2 tracking invalidations.
 const invalidateChannel = "__redis__:invalidate"
 
 // RegistryKey is the lease registry of the near caches of prefix: a hash
 // of holder id to lease end, in the server's milliseconds, and "~since" to
-// when the registry was created. It is under the prefix, so that ACL key
-// patterns granting the prefix grant it, and its shape is one no value key
-// may take: the cache refuses it as a key.
-func RegistryKey(prefix string) string {
-	return slot.Companion(prefix, ":stampede:near")
+// when the registry was created. Its name does not begin with the prefix:
+// every renewal writes it, and under the prefix Redis would report each of
+// those writes to every tracking connection of the prefix, N² messages a
+// second for N processes. It is "{T}:stampede:near:"+prefix (ACL pattern
+// ~{*}:stampede:near:<prefix>), in the slot and Ring shard of the marker
+// keys and of [LegacyRegistryKey].
+func RegistryKey(prefix string) string { return slot.Front(prefix, registrySuffix) }
+
+const registrySuffix = ":stampede:near:"
+
+// LegacyRegistryKey is the registry of versions before 0.4, under the
+// prefix, which processes of those versions read and renew alone. A
+// tracker reads it too, holds a lease in it while it exists (so that a
+// rolling upgrade keeps the promise both ways), and uses it alone when an
+// ACL refuses [RegistryKey]. Its shape is one no value key may take.
+func LegacyRegistryKey(prefix string) string { return slot.Companion(prefix, ":stampede:near") }
+
+// IsRegistry reports whether key is the [RegistryKey] of some prefix, a
+// name no value key may take.
+func IsRegistry(key string) bool {
+	if !strings.HasPrefix(key, "{") {
+		return false
+	}
+	j := strings.IndexByte(key, '}')
+	rest, ok := strings.CutPrefix(key[j+1:], registrySuffix)
+	return ok && RegistryKey(rest) == key
 }
 
 // MarkKeyPrefix begins the marker keys of a single server (see

@@ -78,7 +78,10 @@ func (t *Tracker) renew(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, t.lease/2)
 	defer cancel()
 	t0 := nanotime()
-	reply, err := leaseScript.Run(ctx, t.rdb, []string{t.registry}, t.id, t.lease.Milliseconds()).Slice()
+	reply, err := leaseScript.Run(ctx, t.rdb, t.registries(), t.id, t.lease.Milliseconds()).Slice()
+	if t.narrowed(err) {
+		reply, err = leaseScript.Run(ctx, t.rdb, t.registries(), t.id, t.lease.Milliseconds()).Slice()
+	}
 	if err != nil || len(reply) != 2 {
 		if err != nil {
 			t.refuse(fmt.Errorf("the lease script: %w", err))
@@ -227,7 +230,9 @@ func (h *Hub) pong(n *node, payload string) {
 func (t *Tracker) resign() {
 	ctx, cancel := context.WithTimeout(context.Background(), t.lease/4)
 	defer cancel()
-	if t.rdb.HDel(ctx, t.registry, t.id).Err() == nil {
+	keys := t.registries()
+	_ = t.rdb.HDel(ctx, keys[1], t.id).Err() // where writers of earlier versions look, if it is there
+	if t.rdb.HDel(ctx, keys[0], t.id).Err() == nil {
 		t.hub.pingAll(ctx, t.hub.conns())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"hash/maphash"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,11 @@ type Hooks struct {
 	// ACL without it, a renamed command), once until a renewal succeeds:
 	// memory is then never served, which nothing else would show.
 	OnRefused func(error)
+	// OnNarrow reports, once, an ACL refusing the registry's name (a rule
+	// that grants the prefix alone, as versions before 0.4 needed): the
+	// tracker then uses the registry under the prefix, as those versions
+	// did, whose every renewal Redis reports to every process.
+	OnNarrow func(error)
 	// Global reports keys that every value in memory depends on (the tag
 	// versions): their invalidation voids every read in flight and empties
 	// memory, as a drop of everything does.
@@ -78,6 +84,8 @@ type Tracker struct {
 	// The holder's side (lease.go, ack.go).
 	id         string        // names this holder's lease and its acknowledgement channel
 	registry   string        // RegistryKey(prefix)
+	legacy     string        // LegacyRegistryKey(prefix)
+	narrow     atomic.Bool   // an ACL refused registry: legacy alone
 	markCh     string        // where writers' markers come (cluster, Ring; anywhere when asked again)
 	markKeys   string        // what writers' marker keys begin with (single server)
 	lease      time.Duration // the coherence lease
@@ -168,10 +176,13 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	if hooks.OnRefused == nil {
 		hooks.OnRefused = func(error) {}
 	}
+	if hooks.OnNarrow == nil {
+		hooks.OnNarrow = func(error) {}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Tracker{
 		rdb: rdb, prefix: prefix, seed: maphash.MakeSeed(), hooks: hooks, stop: cancel,
-		id: token.NewToken(), registry: RegistryKey(prefix), markCh: markChannel(prefix), markKeys: MarkKeyPrefix(prefix),
+		id: token.NewToken(), registry: RegistryKey(prefix), legacy: LegacyRegistryKey(prefix), markCh: markChannel(prefix), markKeys: MarkKeyPrefix(prefix),
 		lease: leaseLen, marks: map[string]*markSeen{}, pending: map[string]*confirmation{},
 	}
 	t.ackCh = ackChannel(prefix, t.id)
@@ -324,4 +335,28 @@ func (t *Tracker) refuse(err error) error {
 		t.hooks.OnRefused(err)
 	}
 	return err
+}
+
+// registries are the keys of the lease scripts (lease.lua, confirm.lua):
+// the registry and the one of earlier versions, or the latter twice once
+// an ACL refused the former.
+func (t *Tracker) registries() []string {
+	if t.narrow.Load() {
+		return []string{t.legacy, t.legacy}
+	}
+	return []string{t.registry, t.legacy}
+}
+
+// narrowed reports whether err is an ACL refusing a key of a lease script
+// that the tracker may do without: then it uses the registry of earlier
+// versions alone from now on, and the caller runs the script again.
+func (t *Tracker) narrowed(err error) bool {
+	if err == nil || t.narrow.Load() || !redis.HasErrorPrefix(err, "NOPERM") ||
+		!strings.Contains(strings.ToLower(err.Error()), "key") {
+		return false
+	}
+	if !t.narrow.Swap(true) {
+		t.hooks.OnNarrow(err)
+	}
+	return true
 }

@@ -143,3 +143,16 @@ func (h *State) NearRefused(prefix string, err error) {
 	h.log(slog.LevelError, "cache: near cache not serving: Redis refused a command it needs (see docs/GUARANTEES.md, Redis ACLs); reads go to Redis",
 		"redis", h.addr, "prefix", prefix, "err", err)
 }
+
+// NearNarrow reports that an ACL refused the near caches' lease registry of
+// prefix (a rule granting the prefix alone, as versions before 0.4
+// needed): the near cache works with the registry under the prefix, whose
+// every renewal Redis reports to every process of the prefix.
+func (h *State) NearNarrow(prefix string, err error) {
+	h.log(slog.LevelWarn, "cache: near cache: Redis refused the lease registry "+registryPattern(prefix)+
+		"; using the one under the prefix, which costs Redis more as processes grow (see docs/GUARANTEES.md, Redis ACLs)",
+		"redis", h.addr, "prefix", prefix, "err", err)
+}
+
+// registryPattern is the ACL key pattern that grants prefix's registry.
+func registryPattern(prefix string) string { return "~{*}:stampede:near:" + prefix }

@@ -78,6 +78,18 @@ func Companion(key, suffix string) string {
 	return t + suffix + key + "}"
 }
 
+// Front returns "{"+T+"}"+suffix+key: a name in key's slot that does not
+// begin with key, where T is key's own hash tag when it has one (a Ring
+// shards by the tag's text, so the name goes where key's companions go),
+// else a tag of key's slot. suffix must contain no '{' or '}'.
+func Front(key, suffix string) string {
+	t, ok := hashTag(key)
+	if !ok {
+		t = Tag(Of(key))
+	}
+	return "{" + t + "}" + suffix + key
+}
+
 // CRC16 is CRC-16/XMODEM, the hash of Redis Cluster key slots.
 func CRC16(s string) uint16 {
 	var crc uint16

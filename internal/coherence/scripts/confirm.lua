@@ -1,13 +1,16 @@
 -- A write's confirmation step, sent once the write returned: announces the
 -- write to every near cache and lists who may still hold the old value.
 -- KEYS[1]: the prefix's lease registry (see lease.lua)
--- KEYS[2]: (on a single server) the marker key: written and deleted, so that
+-- KEYS[2]: the registry of versions before 0.4, read too while it exists
+--          (KEYS[1] itself when an ACL refused KEYS[1]'s name)
+-- KEYS[3]: (on a single server) the marker key: written and deleted, so that
 --          its name, which ends with the marker, follows the write's own
 --          invalidation to every holder
 -- ARGV[1]: the marker channel ('' to publish no marker)
 -- ARGV[2]: the marker: the writer's id and the write's sequence number
 -- Returns {now, since, holder, lease end, holder, lease end, ...}, times in
--- the server's milliseconds.
+-- the server's milliseconds; a holder may be listed twice, since the later
+-- of the two registries' creations.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- A registry created now (first use, or lost: flushed, evicted, a restart)
@@ -21,21 +24,31 @@ end
 if ARGV[1] ~= '' then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end
-if KEYS[2] then
-  redis.call('SET', KEYS[2], '1')
-  redis.call('DEL', KEYS[2])
+if KEYS[3] then
+  redis.call('SET', KEYS[3], '1')
+  redis.call('DEL', KEYS[3])
 end
-local out = {now, now}
-local leased = false
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  if all[i] == '~since' then
-    out[2] = tonumber(all[i + 1])
-  else
-    out[#out + 1] = all[i]
-    out[#out + 1] = tonumber(all[i + 1])
-    leased = leased or tonumber(all[i + 1]) > now
+local out = {now, 0}
+local leased = false -- a lease runs in KEYS[1], whose renewals keep it
+local function list(registry)
+  local all = redis.call('HGETALL', registry)
+  for i = 1, #all, 2 do
+    if all[i] == '~since' then
+      out[2] = math.max(out[2], tonumber(all[i + 1]))
+    elseif registry == KEYS[1] and tonumber(all[i + 1]) < now - 60000 then
+      -- A holder gone a minute (it died without Close): forgotten, so that
+      -- the registry stays as small as the number of live processes.
+      redis.call('HDEL', registry, all[i])
+    else
+      out[#out + 1] = all[i]
+      out[#out + 1] = tonumber(all[i + 1])
+      leased = leased or (registry == KEYS[1] and tonumber(all[i + 1]) > now)
+    end
   end
+end
+list(KEYS[1])
+if KEYS[2] ~= KEYS[1] then
+  list(KEYS[2])
 end
 -- While leases run, the holders' renewals keep the registry (three leases
 -- past the last, lease.lua). Without them it is kept ten minutes past the

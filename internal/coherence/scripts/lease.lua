@@ -1,6 +1,8 @@
 -- Renews a near cache's coherence lease.
 -- KEYS[1]: the prefix's lease registry (a hash: holder id -> lease end, in the
 --          server's milliseconds; "~since" -> when the registry was created)
+-- KEYS[2]: the registry of versions before 0.4, under the prefix (KEYS[1]
+--          itself when an ACL refused KEYS[1]'s name)
 -- ARGV[1]: the holder's id
 -- ARGV[2]: the lease, in milliseconds
 -- Returns the server's time in milliseconds and its run_id: the holder
@@ -14,13 +16,14 @@ redis.call('HSET', KEYS[1], ARGV[1], now + lease)
 -- Renewed every quarter lease while a holder lives; gone three leases after
 -- the last one stopped (a registry found missing is waited out as lost).
 redis.call('PEXPIRE', KEYS[1], lease * 3)
--- Forget holders whose lease ended a lease ago (a process that died without
--- Close): the registry stays as small as the number of live processes.
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  if all[i] ~= '~since' and tonumber(all[i + 1]) < now - lease then
-    redis.call('HDEL', KEYS[1], all[i])
-  end
+-- Processes of earlier versions read only their registry, which they keep
+-- while they run (its expiry is theirs): hold a lease there too while it
+-- exists.
+if KEYS[2] ~= KEYS[1] and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', KEYS[2], ARGV[1], now + lease)
 end
+-- Holders that died without Close are forgotten by writers (confirm.lua),
+-- which read the whole registry anyway: a renewal costs the same with one
+-- process or a thousand.
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
 return {now, run or ''}
