@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -91,5 +92,36 @@ func TestClosedTrackerStaysClosed(t *testing.T) {
 		assert.False(t, b.Sure() || b.Serving(), "round %d: a closed tracker is sure again", round)
 		assert.False(t, admin.HExists(t.Context(), RegistryKey(pb), b.ID()).Val(), "round %d: a closed tracker renewed its lease", round)
 		hub.Close()
+	}
+}
+
+// Close gives the lease back, then pings every tracking connection still
+// subscribed to take in the markers of writes that counted on it: one
+// connection in doubt (a Ring shard reconnecting) must not keep the others
+// from being pinged.
+func TestResignPingsEverySubscribedConnection(t *testing.T) {
+	a := redistest.PrivateServer(t, "it runs a two-shard Ring")
+	b := redistest.NewServer(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	// A lease so long that no renewal pings meanwhile.
+	tr := New(ring, "resign:", 40*time.Second, Hooks{})
+	defer tr.Close()
+	require.True(t, eventually(tr.Serving), "never serving")
+	conns := tr.hub.conns()
+	require.Len(t, conns, 2)
+	pinged := func(n *node) uint64 {
+		n.pingMu.Lock()
+		defer n.pingMu.Unlock()
+		return n.pingSeq
+	}
+	for round := range 10 {
+		down, up := conns[round%2].n, conns[(round+1)%2].n
+		down.subbed.Store(false)
+		before := pinged(up)
+		tr.resign()
+		assert.Greater(t, pinged(up), before, "round %d: the subscribed connection was not pinged", round)
+		assert.GreaterOrEqual(t, up.pong.Load(), pinged(up), "round %d: resign returned before its PONG", round)
+		down.subbed.Store(true)
 	}
 }

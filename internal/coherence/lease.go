@@ -115,15 +115,27 @@ func (h *Hub) conns() []trackedConn {
 }
 
 // pingAll sends a renewal's PING on every connection and reports whether
-// all their PONGs came before ctx ended: then every invalidation sent
-// before the PINGs has arrived. Each connection numbers its PINGs as it
-// sends them, so that a later number's PONG answers an earlier PING too,
-// whichever tracker sent it.
+// all were subscribed and their PONGs came before ctx ended: then every
+// invalidation sent before the PINGs has arrived. A connection that is not
+// subscribed fails the renewal before anything is sent.
 func (h *Hub) pingAll(ctx context.Context, conns []trackedConn) bool {
-	want := make([]uint64, len(conns))
-	for i, c := range conns {
-		if !c.n.subbed.Load() || !c.n.ping(ctx, c.sub, &want[i]) {
+	for _, c := range conns {
+		if !c.n.subbed.Load() {
 			return false
+		}
+	}
+	return h.pingEach(ctx, conns)
+}
+
+// pingEach sends a lease PING on each subscribed connection of conns and
+// reports whether all of those PONGs came before ctx ended. Each
+// connection numbers its PINGs as it sends them, so that a later number's
+// PONG answers an earlier PING too, whichever tracker sent it.
+func (h *Hub) pingEach(ctx context.Context, conns []trackedConn) bool {
+	want := make([]uint64, len(conns)) // 0: nothing to wait for
+	for i, c := range conns {
+		if c.n.subbed.Load() && !c.n.ping(ctx, c.sub, &want[i]) {
+			want[i] = 0 // its PONG will not come
 		}
 	}
 	for {
@@ -225,14 +237,14 @@ func (h *Hub) pong(n *node, payload string) {
 // PING on every tracking connection, it takes in the markers of the writes
 // that read the registry before, so that they are acknowledged, not waited
 // out (on a single server: a cluster's markers come through the bus, in no
-// order with the PINGs, so some may come after). Bounded by a quarter
-// lease.
+// order with the PINGs, so some may come after). Every connection still
+// subscribed is pinged, whatever the others. Bounded by a quarter lease.
 func (t *Tracker) resign() {
 	ctx, cancel := context.WithTimeout(context.Background(), t.lease/4)
 	defer cancel()
 	keys := t.registries()
 	_ = t.rdb.HDel(ctx, keys[1], t.id).Err() // where writers of earlier versions look, if it is there
 	if t.rdb.HDel(ctx, keys[0], t.id).Err() == nil {
-		t.hub.pingAll(ctx, t.hub.conns())
+		t.hub.pingEach(ctx, t.hub.conns())
 	}
 }
