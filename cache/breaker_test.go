@@ -98,6 +98,7 @@ func TestBreakerClosesWhenRedisAnswersAgain(t *testing.T) {
 			closed.Add(1)
 		}
 	}))
+	defer c.Close()
 	src := &counter{}
 	for range 20 {
 		_, err := c.GetOrLoad(t.Context(), key, src.load)
@@ -131,9 +132,11 @@ func proxyTo(t *testing.T, addr, upstream string) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
+	closed := false // protected by mu
 	t.Cleanup(func() {
 		l.Close()
 		mu.Lock()
+		closed = true
 		for _, c := range conns {
 			c.Close()
 		}
@@ -152,6 +155,12 @@ func proxyTo(t *testing.T, addr, upstream string) {
 				continue
 			}
 			mu.Lock()
+			if closed { // accepted as the test ended: nobody would close them
+				mu.Unlock()
+				down.Close()
+				up.Close()
+				return
+			}
 			conns = append(conns, down, up)
 			mu.Unlock()
 			wg.Go(func() { _, _ = io.Copy(up, down); up.Close() })
