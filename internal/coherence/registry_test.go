@@ -49,7 +49,7 @@ func invalidations(t *testing.T, addr, p string) *atomic.Int64 {
 			if err != nil {
 				return err
 			}
-			return cn.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", p).Err()
+			return cn.Process(ctx, redis.NewCmd(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", p)) // no Do on a Conn of go-redis 9.5
 		}})
 	sub := rdb.Subscribe(t.Context(), invalidateChannel)
 	_, err := sub.Receive(t.Context())
