@@ -69,9 +69,10 @@ func (t *Tracker) Write(ctx context.Context, pipe func(redis.Pipeliner), direct 
 func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)) (wait func() error, err error) {
 	seq, marker, cf := t.begin()
 	var confirm *redis.Cmd
+	keys := t.registries()
 	cmds, perr := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		write(p)
-		confirm = p.Eval(ctx, confirmLua, append(t.registries(), t.markKeys+marker), "", marker)
+		confirm = p.Eval(ctx, confirmLua, append(keys, t.markKeys+marker), "", marker)
 		return nil
 	})
 	recv := nanotime()
@@ -90,7 +91,7 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 	return func() error {
 		reply, err := confirm.Slice()
 		if err != nil { // the marker key could not be written (maxmemory, say): publish the marker instead
-			t.narrowed(err)
+			t.narrowed(err, keys)
 			t.end(seq)
 			return t.confirm(ctx)
 		}
@@ -131,10 +132,7 @@ func (t *Tracker) confirm(ctx context.Context) error {
 		}
 		channel = ""
 	}
-	reply, err := confirmScript.Run(ctx, t.rdb, t.registries(), channel, marker).Slice()
-	if t.narrowed(err) {
-		reply, err = confirmScript.Run(ctx, t.rdb, t.registries(), channel, marker).Slice()
-	}
+	reply, err := t.runLease(ctx, confirmScript, channel, marker)
 	recv := nanotime()
 	if err != nil {
 		return err

@@ -78,10 +78,7 @@ func (t *Tracker) renew(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, t.lease/2)
 	defer cancel()
 	t0 := nanotime()
-	reply, err := leaseScript.Run(ctx, t.rdb, t.registries(), t.id, t.lease.Milliseconds()).Slice()
-	if t.narrowed(err) {
-		reply, err = leaseScript.Run(ctx, t.rdb, t.registries(), t.id, t.lease.Milliseconds()).Slice()
-	}
+	reply, err := t.runLease(ctx, leaseScript, t.id, t.lease.Milliseconds())
 	if err != nil || len(reply) != 2 {
 		if err != nil {
 			t.refuse(fmt.Errorf("the lease script: %w", err))
@@ -115,39 +112,45 @@ func (h *Hub) conns() []trackedConn {
 }
 
 // pingAll sends a renewal's PING on every connection and reports whether
-// all were subscribed and their PONGs came before ctx ended: then every
-// invalidation sent before the PINGs has arrived. A connection that is not
-// subscribed fails the renewal before anything is sent.
+// all were subscribed, all PINGs were sent, and their PONGs came before
+// ctx ended: then every invalidation sent before the PINGs has arrived.
 func (h *Hub) pingAll(ctx context.Context, conns []trackedConn) bool {
-	for _, c := range conns {
-		if !c.n.subbed.Load() {
-			return false
-		}
-	}
-	return h.pingEach(ctx, conns)
+	return h.pingEach(ctx, conns, true)
 }
 
 // pingEach sends a lease PING on each subscribed connection of conns and
-// reports whether all of those PONGs came before ctx ended. Each
+// waits for those PONGs until ctx ends. It reports whether every PING was
+// sent and answered (and, with all, whether every connection was
+// subscribed): a PING that could not be sent proves nothing. Each
 // connection numbers its PINGs as it sends them, so that a later number's
 // PONG answers an earlier PING too, whichever tracker sent it.
-func (h *Hub) pingEach(ctx context.Context, conns []trackedConn) bool {
+func (h *Hub) pingEach(ctx context.Context, conns []trackedConn, all bool) bool {
 	want := make([]uint64, len(conns)) // 0: nothing to wait for
+	sent := true
 	for i, c := range conns {
-		if c.n.subbed.Load() && !c.n.ping(ctx, c.sub, &want[i]) {
-			want[i] = 0 // its PONG will not come
+		if !c.n.subbed.Load() {
+			if all {
+				return false
+			}
+			continue
+		}
+		if !c.n.ping(ctx, c.sub, &want[i]) {
+			if all {
+				return false
+			}
+			want[i], sent = 0, false // its PONG will not come
 		}
 	}
 	for {
 		h.pmu.Lock()
 		pongs := h.pongs
 		h.pmu.Unlock()
-		all := true
+		in := true
 		for i, c := range conns {
-			all = all && c.n.pong.Load() >= want[i]
+			in = in && c.n.pong.Load() >= want[i]
 		}
-		if all {
-			return true
+		if in {
+			return sent
 		}
 		select {
 		case <-pongs:
@@ -245,6 +248,6 @@ func (t *Tracker) resign() {
 	keys := t.registries()
 	_ = t.rdb.HDel(ctx, keys[1], t.id).Err() // where writers of earlier versions look, if it is there
 	if t.rdb.HDel(ctx, keys[0], t.id).Err() == nil {
-		t.hub.pingEach(ctx, t.hub.conns())
+		t.hub.pingEach(ctx, t.hub.conns(), false)
 	}
 }

@@ -7,6 +7,7 @@ package coherence
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -140,4 +141,83 @@ func TestWriterForgetsHoldersLongGone(t *testing.T) {
 	fields, err := admin.HKeys(t.Context(), RegistryKey(p)).Result()
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"~since", "recent"}, fields)
+}
+
+// A renewal whose PING could not be sent (its connection closed under it,
+// still counted as subscribed) proves nothing and must not extend the lease.
+func TestRenewalFailsOnAPingNotSent(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	tr := New(redistest.Client(t, addr), p, 40*time.Second, Hooks{})
+	defer tr.Close()
+	require.True(t, eventually(tr.Serving), "never serving")
+	conns := tr.hub.conns()
+	require.Len(t, conns, 1)
+	dead := redis.NewClient(&redis.Options{Addr: addr})
+	ps := dead.Subscribe(t.Context(), "x")
+	_ = ps.Close()
+	_ = dead.Close()
+	require.True(t, conns[0].n.subbed.Load())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	assert.False(t, tr.hub.pingAll(ctx, []trackedConn{{n: conns[0].n, sub: ps}}), "a renewal counted a PING it never sent")
+}
+
+// The registry of earlier versions lost (evicted) while their leases may
+// run: a writer that had seen it waits as for a new registry, once.
+func TestLostRegistryOfEarlierVersionsIsWaitedOut(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	wrdb := redistest.Client(t, addr)
+	const lease = 600 * time.Millisecond
+	w := NewWriter(wrdb, p, lease, Hooks{})
+	defer w.Close()
+	require.NoError(t, admin.HSet(t.Context(), RegistryKey(p), "~since", 0).Err())
+	require.NoError(t, admin.HSet(t.Context(), LegacyRegistryKey(p), "~since", 0).Err())
+	timed := func() time.Duration {
+		began := time.Now()
+		write(t, w, wrdb, p+"k", 1)
+		return time.Since(began)
+	}
+	assert.Less(t, timed(), lease/2, "waited with both registries there")
+	require.NoError(t, admin.Del(t.Context(), LegacyRegistryKey(p)).Err())
+	assert.GreaterOrEqual(t, timed(), lease/2, "did not wait for the leases the lost registry held")
+	time.Sleep(lease)
+	assert.Less(t, timed(), lease/2, "waited again for a loss already waited out")
+}
+
+// Writes at once under the rule of earlier versions on a client whose
+// confirmations are not pipelined with the write (a Ring): each one whose
+// script was refused before another switched to the old registry runs
+// again, and none fails.
+func TestConcurrentWritesSwitchToTheOldRegistry(t *testing.T) {
+	srv := redistest.PrivateServer(t, "it creates an ACL user")
+	admin := redistest.Client(t, srv.Addr)
+	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "u", "on", ">s", "resetkeys", "resetchannels",
+		"~product:*", "&product:*", "&__redis__:invalidate", "+@all").Err())
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}, Username: "u", Password: "s"})
+	t.Cleanup(func() { _ = ring.Close() })
+	var narrowed atomic.Int64
+	w := NewWriter(ring, "product:", time.Second, Hooks{OnNarrow: func(error) { narrowed.Add(1) }})
+	defer w.Close()
+	errs := make(chan error, 32)
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Go(func() {
+			ctx := t.Context()
+			wait, err := w.Write(ctx, nil, func() error { return ring.Set(ctx, "product:k", i, 0).Err() })
+			if err == nil {
+				err = wait()
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	assert.EqualValues(t, 1, narrowed.Load(), "the switch reported once")
 }

@@ -347,16 +347,39 @@ func (t *Tracker) registries() []string {
 	return []string{t.registry, t.legacy}
 }
 
-// narrowed reports whether err is an ACL refusing a key of a lease script
-// that the tracker may do without: then it uses the registry of earlier
-// versions alone from now on, and the caller runs the script again.
-func (t *Tracker) narrowed(err error) bool {
-	if err == nil || t.narrow.Load() || !redis.HasErrorPrefix(err, "NOPERM") ||
-		!strings.Contains(strings.ToLower(err.Error()), "key") {
+// narrowed reports whether err is an ACL refusing a key to a lease script
+// that used the registry (keys, as registries() gave them): then the
+// tracker uses the registry of earlier versions alone from now on, and the
+// caller runs the script again with registries(). A call that already used
+// the earlier versions' registry is not run again.
+func (t *Tracker) narrowed(err error, keys []string) bool {
+	if keys[0] != t.registry || !refusedKey(err) {
 		return false
 	}
 	if !t.narrow.Swap(true) {
 		t.hooks.OnNarrow(err)
 	}
 	return true
+}
+
+// refusedKey reports whether err is an ACL refusing a key of the command
+// (not the command itself): "access one of the keys" (Redis 6, 7.0), "access
+// a key" (Redis 7.2, Valkey 8), "the '<key>' key" where Redis names it.
+func refusedKey(err error) bool {
+	if err == nil || !redis.HasErrorPrefix(err, "NOPERM") {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "access one of the keys") || strings.Contains(msg, "access a key") || strings.HasSuffix(msg, "' key")
+}
+
+// runLease runs a lease script (lease.lua, confirm.lua) on registries(),
+// and once more if an ACL refused the registry's name (see narrowed).
+func (t *Tracker) runLease(ctx context.Context, script *redis.Script, args ...any) ([]any, error) {
+	keys := t.registries()
+	reply, err := script.Run(ctx, t.rdb, keys, args...).Slice()
+	if t.narrowed(err, keys) {
+		reply, err = script.Run(ctx, t.rdb, t.registries(), args...).Slice()
+	}
+	return reply, err
 }

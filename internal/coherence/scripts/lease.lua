@@ -18,9 +18,11 @@ redis.call('HSET', KEYS[1], ARGV[1], now + lease)
 redis.call('PEXPIRE', KEYS[1], lease * 3)
 -- Processes of earlier versions read only their registry, which they keep
 -- while they run (its expiry is theirs): hold a lease there too while it
--- exists.
+-- exists, and say it was seen, so that writers notice if it is lost
+-- (confirm.lua).
 if KEYS[2] ~= KEYS[1] and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HSET', KEYS[2], ARGV[1], now + lease)
+  redis.call('HSETNX', KEYS[1], '~legacy', now)
 end
 -- Holders that died without Close are forgotten by writers (confirm.lua),
 -- which read the whole registry anyway: a renewal costs the same with one
