@@ -28,29 +28,16 @@ if KEYS[3] then
   redis.call('SET', KEYS[3], '1')
   redis.call('DEL', KEYS[3])
 end
--- The registry of earlier versions is read while it exists. Its loss while
--- leases run there (an eviction, say) is noticed as this one's is:
--- "~legacy" says it was seen, and a write that finds it gone starts the
--- wait of a new registry.
-if KEYS[2] ~= KEYS[1] then
-  if redis.call('EXISTS', KEYS[2]) == 1 then
-    if redis.call('HEXISTS', KEYS[1], '~legacy') == 0 then
-      redis.call('HSET', KEYS[1], '~legacy', now)
-    end
-  elseif redis.call('HEXISTS', KEYS[1], '~legacy') == 1 then
-    redis.call('HDEL', KEYS[1], '~legacy')
-    redis.call('HSET', KEYS[1], '~since', now)
-  end
-end
 local out = {now, 0}
 local leased = false -- a lease runs in KEYS[1], whose renewals keep it
+local seen = false -- KEYS[1] says the registry of earlier versions was seen
 local function list(registry)
   local all = redis.call('HGETALL', registry)
   for i = 1, #all, 2 do
     if all[i] == '~since' then
       out[2] = math.max(out[2], tonumber(all[i + 1]))
-    elseif string.sub(all[i], 1, 1) == '~' then
-      -- bookkeeping ("~legacy"), not a holder
+    elseif all[i] == '~legacy' then
+      seen = seen or registry == KEYS[1]
     elseif registry == KEYS[1] and tonumber(all[i + 1]) < now - 60000 then
       -- A holder gone a minute (it died without Close): forgotten, so that
       -- the registry stays as small as the number of live processes.
@@ -63,8 +50,21 @@ local function list(registry)
   end
 end
 list(KEYS[1])
+-- The registry of earlier versions is read while it exists. Its loss while
+-- leases run there (an eviction, say) is noticed as this one's is:
+-- "~legacy" says it was seen, and a write that finds it gone starts the
+-- wait of a new registry.
 if KEYS[2] ~= KEYS[1] then
-  list(KEYS[2])
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    if not seen then
+      redis.call('HSET', KEYS[1], '~legacy', now)
+    end
+    list(KEYS[2])
+  elseif seen then
+    redis.call('HDEL', KEYS[1], '~legacy')
+    redis.call('HSET', KEYS[1], '~since', now)
+    out[2] = now
+  end
 end
 -- While leases run, the holders' renewals keep the registry (three leases
 -- past the last, lease.lua). Without them it is kept ten minutes past the
