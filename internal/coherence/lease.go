@@ -246,7 +246,9 @@ func (t *Tracker) resign() {
 	ctx, cancel := context.WithTimeout(context.Background(), t.lease/4)
 	defer cancel()
 	keys := t.registries()
-	_ = t.rdb.HDel(ctx, keys[1], t.id).Err() // where writers of earlier versions look, if it is there
+	if keys[1] != keys[0] {
+		_ = t.rdb.HDel(ctx, keys[1], t.id).Err() // where writers of earlier versions look, if it is there
+	}
 	if t.rdb.HDel(ctx, keys[0], t.id).Err() == nil {
 		t.hub.pingEach(ctx, t.hub.conns(), false)
 	}

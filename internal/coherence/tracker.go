@@ -363,14 +363,14 @@ func (t *Tracker) narrowed(err error, keys []string) bool {
 }
 
 // refusedKey reports whether err is an ACL refusing a key of the command
-// (not the command itself): "access one of the keys" (Redis 6, 7.0), "access
-// a key" (Redis 7.2, Valkey 8), "the '<key>' key" where Redis names it.
+// (not the command itself), as Redis 6 and 7.0 word it ("access one of the
+// keys") and Redis 7.2 and Valkey 8 ("access a key").
 func refusedKey(err error) bool {
 	if err == nil || !redis.HasErrorPrefix(err, "NOPERM") {
 		return false
 	}
 	msg := err.Error()
-	return strings.Contains(msg, "access one of the keys") || strings.Contains(msg, "access a key") || strings.HasSuffix(msg, "' key")
+	return strings.Contains(msg, "access one of the keys") || strings.Contains(msg, "access a key")
 }
 
 // runLease runs a lease script (lease.lua, confirm.lua) on registries(),

@@ -149,10 +149,7 @@ func (h *State) NearRefused(prefix string, err error) {
 // needed): the near cache works with the registry under the prefix, whose
 // every renewal Redis reports to every process of the prefix.
 func (h *State) NearNarrow(prefix string, err error) {
-	h.log(slog.LevelWarn, "cache: near cache: Redis refused the lease registry "+registryPattern(prefix)+
+	h.log(slog.LevelWarn, "cache: near cache: Redis refused the lease registry ~{*}:stampede:near:"+prefix+
 		"; using the one under the prefix, which costs Redis more as processes grow (see docs/GUARANTEES.md, Redis ACLs)",
 		"redis", h.addr, "prefix", prefix, "err", err)
 }
-
-// registryPattern is the ACL key pattern that grants prefix's registry.
-func registryPattern(prefix string) string { return "~{*}:stampede:near:" + prefix }
