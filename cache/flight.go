@@ -269,6 +269,14 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
 		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
+		if err != nil && !w.start.IsZero() && ctx.Err() != nil && !isReply(err) {
+			// The load timeout fell inside a retry: the wait's budget ran
+			// out, not Redis. The lock may be ours if only the reply was lost.
+			go c.endLocks(ctx, releases([]*loadLock{lk}))
+			err := c.notAcquired(ctx, key)
+			c.waited(key, w.start, err)
+			return nil, err
+		}
 		switch c.redisCall(key, err) {
 		case errNone:
 			if res[0].(int64) == 1 {

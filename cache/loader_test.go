@@ -770,3 +770,54 @@ func TestGetOrLoadCallersMergedOnAHitGetTheirOwnCopy(t *testing.T) {
 		t.Fatalf("%d of %d callers merged on a hit saw caller 0's change to its map; want 0", shared, callers-1)
 	}
 }
+
+// stallHook holds every run of script after the first until its context
+// ends, then fails it as go-redis does: the load timeout falling inside a
+// call, as it does when a wait's last retry meets the deadline.
+type stallHook struct {
+	sha  string
+	runs atomic.Int64
+}
+
+func (h *stallHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *stallHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); cmd.Name() == "evalsha" && len(args) > 1 && args[1] == h.sha && h.runs.Add(1) > 1 {
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestGetOrLoadLoadTimeoutDuringARetryIsNotAcquired: a waiter whose load
+// timeout ends while a retry's read-or-lock is in flight ran out of budget;
+// it is ErrLockNotAcquired naming the key, not a Redis outage, and the
+// breaker and the health log hear nothing of it (Redis answered every call).
+func TestGetOrLoadLoadTimeoutDuringARetryIsNotAcquired(t *testing.T) {
+	t.Parallel()
+	rdb, p := setup(t)
+	key := p + "k"
+	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "someone-else", time.Minute).Err())
+	loadScripts(t, rdb)
+	waiter := redistest.Client(t, redistest.Addr(t))
+	hook := &stallHook{sha: readOrLockScript.Hash()}
+	waiter.AddHook(hook)
+	var redisErrs atomic.Int64
+	c := New[product](waiter, WithoutNearCache(), WithLoadTimeout(300*time.Millisecond), eventCount(EventRedisError, &redisErrs))
+	src := &counter{}
+
+	_, err := c.GetOrLoad(t.Context(), key, src.load)
+
+	require.GreaterOrEqual(t, hook.runs.Load(), int64(2), "the second read-or-lock must have been stalled")
+	require.ErrorIs(t, err, ErrLockNotAcquired)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), key)
+	assert.Contains(t, err.Error(), "300ms")
+	assert.Zero(t, redisErrs.Load(), "EventRedisError: the wait's own deadline is not a Redis error")
+	assert.Zero(t, src.calls.Load())
+}

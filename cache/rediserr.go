@@ -19,4 +19,7 @@ const (
 // misconfiguration for a client that is not a cluster client.
 func (c *Cache[V]) classify(err error) errClass { return rediserr.Classify(err, c.cluster) }
 
-var isWrongType = rediserr.IsWrongType
+var (
+	isWrongType = rediserr.IsWrongType
+	isReply     = rediserr.IsReply
+)
