@@ -115,6 +115,7 @@ func (c *Cache[V]) writeTracker() *coherence.Tracker {
 		w.track = coherence.NewWriter(c.rdb, cfg.prefix, cfg.near.lease, coherence.Hooks{
 			OnLapse:  func(holder string) { cfg.emit(EventNearLeaseWait, holder, 0, nil) },
 			OnNarrow: func(err error) { health.NearNarrow(cfg.prefix, err) },
+			OnWiden:  func() { health.NearWiden(cfg.prefix) },
 		})
 		// Closed by Cache.Close (closeWriter), or when c is collected.
 		runtime.AddCleanup(c, func(t *coherence.Tracker) { go t.Close() }, w.track)
@@ -218,6 +219,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		},
 		OnRefused: func(err error) { health.NearRefused(cfg.prefix, err) },
 		OnNarrow:  func(err error) { health.NearNarrow(cfg.prefix, err) },
+		OnWiden:   func() { health.NearWiden(cfg.prefix) },
 		Global:    tags.Global,
 	})
 	return n

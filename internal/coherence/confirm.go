@@ -95,6 +95,7 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 			t.end(seq)
 			return t.confirm(ctx)
 		}
+		t.widened(keys)
 		defer t.end(seq)
 		return t.await(ctx, cf, marker, reply, recv)
 	}, nil

@@ -221,3 +221,68 @@ func TestConcurrentWritesSwitchToTheOldRegistry(t *testing.T) {
 	}
 	assert.EqualValues(t, 1, narrowed.Load(), "the switch reported once")
 }
+
+// A tracker narrowed by the rule of earlier versions asks for the registry
+// again every RegistryRetry: refused, it says nothing more and keeps
+// serving; once the rule grants the registry, it renews there, says so
+// once, and stays in the old registry too while a holder still narrowed
+// (another user's, whose rule was not fixed) keeps that alive; writes are
+// acknowledged by both, none waited out.
+func TestNarrowedTrackerTakesUpAFixedRule(t *testing.T) {
+	retry := RegistryRetry
+	RegistryRetry = 100 * time.Millisecond
+	t.Cleanup(func() { RegistryRetry = retry })
+	srv := redistest.PrivateServer(t, "it creates an ACL user")
+	admin := redistest.Client(t, srv.Addr)
+	for _, u := range []string{"fixed", "old"} {
+		require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", u, "on", ">s", "resetkeys", "resetchannels",
+			"~product:*", "&product:*", "&__redis__:invalidate", "+@all").Err())
+	}
+	user := func(name string) *redis.Client {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: name, Password: "s"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		return rdb
+	}
+	var narrowed, widened, lapsed atomic.Int64
+	hooks := Hooks{OnNarrow: func(error) { narrowed.Add(1) }, OnWiden: func() { widened.Add(1) }, OnLapse: func(string) { lapsed.Add(1) }}
+	lease := 400 * time.Millisecond // a renewal every 100 ms
+	h := New(user("fixed"), "product:", lease, hooks)
+	defer h.Close()
+	old := New(user("old"), "product:", lease, hooks)
+	defer old.Close()
+	w := NewWriter(user("fixed"), "product:", lease, hooks)
+	defer w.Close()
+	require.True(t, eventually(h.Serving) && eventually(old.Serving), "never serving under the old rule")
+	write := func() {
+		t.Helper()
+		ctx := t.Context()
+		wait, err := w.Write(ctx, func(p redis.Pipeliner) { p.Set(ctx, "product:k", "v", 0) }, nil)
+		require.NoError(t, err)
+		require.NoError(t, wait())
+	}
+	write()
+	time.Sleep(5 * RegistryRetry) // probes, refused
+	assert.True(t, h.Serving(), "a refused probe stopped the renewals")
+	write()
+	assert.EqualValues(t, 3, narrowed.Load(), "one warning per tracker, whatever the probes")
+	assert.Zero(t, widened.Load())
+	assert.Zero(t, admin.Exists(t.Context(), RegistryKey("product:")).Val())
+
+	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "fixed", "~{*}:stampede:near:product:").Err())
+	assert.True(t, eventually(func() bool { return admin.HExists(t.Context(), RegistryKey("product:"), h.ID()).Val() }),
+		"the holder never took up the registry the rule grants now")
+	time.Sleep(lease) // past the new registry's grace
+	write()
+	assert.EqualValues(t, 2, widened.Load(), "widened %d times; want once per tracker whose rule was fixed", widened.Load())
+	time.Sleep(lease)
+	assert.True(t, h.Serving() && old.Serving())
+	assert.True(t, admin.HExists(t.Context(), LegacyRegistryKey("product:"), h.ID()).Val(),
+		"the holder left the old registry while a narrowed holder keeps it")
+	assert.False(t, admin.HExists(t.Context(), RegistryKey("product:"), old.ID()).Val(), "the old rule's holder wrote the registry it may not")
+	lapsed.Store(0)
+	for range 5 {
+		write()
+	}
+	assert.Zero(t, lapsed.Load(), "writes waited out a lease with every holder alive")
+	assert.EqualValues(t, 3, narrowed.Load())
+}

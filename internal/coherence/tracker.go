@@ -49,6 +49,9 @@ type Hooks struct {
 	// tracker then uses the registry under the prefix, as those versions
 	// did, whose every renewal Redis reports to every process.
 	OnNarrow func(error)
+	// OnWiden reports that the registry's name, refused before, was granted
+	// (the ACL was fixed while the process ran): the tracker uses it again.
+	OnWiden func()
 	// Global reports keys that every value in memory depends on (the tag
 	// versions): their invalidation voids every read in flight and empties
 	// memory, as a drop of everything does.
@@ -86,6 +89,7 @@ type Tracker struct {
 	registry   string        // RegistryKey(prefix)
 	legacy     string        // LegacyRegistryKey(prefix)
 	narrow     atomic.Bool   // an ACL refused registry: legacy alone
+	narrowAt   atomic.Int64  // nanotime of the last refusal of registry (see registries)
 	markCh     string        // where writers' markers come (cluster, Ring; anywhere when asked again)
 	markKeys   string        // what writers' marker keys begin with (single server)
 	lease      time.Duration // the coherence lease
@@ -178,6 +182,9 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	}
 	if hooks.OnNarrow == nil {
 		hooks.OnNarrow = func(error) {}
+	}
+	if hooks.OnWiden == nil {
+		hooks.OnWiden = func() {}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Tracker{
@@ -337,29 +344,50 @@ func (t *Tracker) refuse(err error) error {
 	return err
 }
 
+// RegistryRetry is how often a tracker that an ACL narrowed (see narrowed)
+// asks for the registry again, so that a rule fixed while the process runs
+// is taken up without a restart. A variable for tests.
+var RegistryRetry = time.Minute
+
 // registries are the keys of the lease scripts (lease.lua, confirm.lua):
 // the registry and the one of earlier versions, or the latter twice once
-// an ACL refused the former.
+// an ACL refused the former; then one call every RegistryRetry tries the
+// registry again (see narrowed and widened).
 func (t *Tracker) registries() []string {
 	if t.narrow.Load() {
-		return []string{t.legacy, t.legacy}
+		at := t.narrowAt.Load()
+		if nanotime()-at < int64(RegistryRetry) || !t.narrowAt.CompareAndSwap(at, nanotime()) {
+			return []string{t.legacy, t.legacy}
+		}
 	}
 	return []string{t.registry, t.legacy}
 }
 
 // narrowed reports whether err is an ACL refusing a key to a lease script
 // that used the registry (keys, as registries() gave them): then the
-// tracker uses the registry of earlier versions alone from now on, and the
-// caller runs the script again with registries(). A call that already used
-// the earlier versions' registry is not run again.
+// tracker uses the registry of earlier versions alone, and the caller runs
+// the script again with registries(). A call that already used the earlier
+// versions' registry is not run again.
 func (t *Tracker) narrowed(err error, keys []string) bool {
 	if keys[0] != t.registry || !refusedKey(err) {
 		return false
 	}
+	t.narrowAt.Store(nanotime())
 	if !t.narrow.Swap(true) {
 		t.hooks.OnNarrow(err)
 	}
 	return true
+}
+
+// widened notes a lease script that ran on keys (registries() gave them):
+// if it used the registry while the tracker was narrowed, the ACL grants
+// it now, and the tracker uses it again. Holders still narrowed renew in
+// the registry of earlier versions, which this tracker keeps reading and
+// renewing while it exists, as during a rolling upgrade.
+func (t *Tracker) widened(keys []string) {
+	if keys[0] == t.registry && t.narrow.Load() && t.narrow.CompareAndSwap(true, false) {
+		t.hooks.OnWiden()
+	}
 }
 
 // refusedKey reports whether err is an ACL refusing a key of the command
@@ -380,6 +408,8 @@ func (t *Tracker) runLease(ctx context.Context, script *redis.Script, args ...an
 	reply, err := script.Run(ctx, t.rdb, keys, args...).Slice()
 	if t.narrowed(err, keys) {
 		reply, err = script.Run(ctx, t.rdb, t.registries(), args...).Slice()
+	} else if err == nil {
+		t.widened(keys)
 	}
 	return reply, err
 }

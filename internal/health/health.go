@@ -153,3 +153,10 @@ func (h *State) NearNarrow(prefix string, err error) {
 		"; using the one under the prefix, which costs Redis more as processes grow (see docs/GUARANTEES.md, Redis ACLs)",
 		"redis", h.addr, "prefix", prefix, "err", err)
 }
+
+// NearWiden reports that the registry NearNarrow reported refused is
+// granted now (the ACL was fixed): the near cache uses it again.
+func (h *State) NearWiden(prefix string) {
+	h.log(slog.LevelInfo, "cache: near cache: Redis grants the lease registry ~{*}:stampede:near:"+prefix+" now; using it",
+		"redis", h.addr, "prefix", prefix)
+}
