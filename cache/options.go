@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"math"
 	"time"
+
+	"github.com/stampede-go/stampede/internal/slot"
 )
 
 // Defaults. Each is repeated, with its reason, on the option that changes it.
@@ -147,6 +149,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("cache: WithSoftLoadTimeout(%v): timeout must not be negative", c.softTimeout)
 	case c.policy != FailOpen && c.policy != FailClosed:
 		return fmt.Errorf("cache: WithFailurePolicy(%d): unknown policy", c.policy)
+	case c.tags && !slot.HasUnder(c.prefix):
+		return fmt.Errorf("cache: WithTags with WithPrefix(%q): the prefix's first '{' is closed at once, so no two keys beginning with it share a slot, as the tag versions must", c.prefix)
 	}
 	return nil
 }
@@ -494,7 +498,8 @@ func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true 
 // reads unstamped records without checking for Clear. A stamped value lives
 // at most 30 days in Redis (the versions' memory), whatever its TTL; the
 // versions and the prefix's tag clock are kept 30 days past the last
-// DeleteByTag or Clear.
+// DeleteByTag or Clear. [New] panics if the prefix's first '{' is closed at
+// once ("a{}b:"): no two keys beginning with it share a slot.
 func WithTags() Option { return func(c *config) { c.tags = true } }
 
 // Per-call options: what one call changes for itself, leaving the

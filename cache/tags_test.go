@@ -359,3 +359,49 @@ func TestTaggedReadIsOneRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 3, v.Price, "the reload")
 }
+
+// A prefix with a stray '{' (its version keys once began elsewhere, so the
+// near caches were never told of them, and not even the Cache that ran
+// DeleteByTag or Clear emptied its memory): both remove the value from
+// memory and from Redis, here and in another process's near cache.
+func TestDeleteByTagUnderAPrefixWithAStrayBrace(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t)
+	ctx := t.Context()
+	addr := redistest.Addr(t)
+	c, ev := newNearCacheOn(t, redistest.Client(t, addr), p+"a{b:", WithTags())
+	other, oev := newNearCacheOn(t, redistest.Client(t, addr), p+"a{b:", WithTags())
+	var src tagSource
+	for round, clear := range []bool{false, true} {
+		src.set("k", 10*round+1)
+		require.True(t, eventually(func() bool {
+			for _, cc := range []*Cache[product]{c, other} {
+				if _, err := cc.GetOrLoad(ctx, "k", src.loader("k", "t"), Tags("t")); err != nil {
+					return false
+				}
+			}
+			return nearHas(c, "k") && nearHas(other, "k")
+		}), "never in memory")
+		hits, ohits := ev.get(EventNearHit), oev.get(EventNearHit)
+		for _, cc := range []*Cache[product]{c, other} {
+			_, err := cc.GetOrLoad(ctx, "k", src.loader("k", "t"))
+			require.NoError(t, err)
+		}
+		require.Greater(t, ev.get(EventNearHit), hits)
+		require.Greater(t, oev.get(EventNearHit), ohits)
+		src.set("k", 10*round+2)
+		if clear {
+			require.NoError(t, c.Clear(ctx))
+		} else {
+			require.NoError(t, c.DeleteByTag(ctx, "t"))
+		}
+		for name, cc := range map[string]*Cache[product]{"the Cache that deleted": c, "another process": other} {
+			v, err := cc.GetOrLoad(ctx, "k", src.loader("k", "t"))
+			require.NoError(t, err)
+			assert.Equal(t, 10*round+2, v.Price, "%s (clear=%v) got the removed value", name, clear)
+		}
+		v, err := other.GetOrLoad(ctx, "k", src.loader("k", "t"), SkipNear())
+		require.NoError(t, err)
+		assert.Equal(t, 10*round+2, v.Price)
+	}
+}

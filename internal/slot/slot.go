@@ -78,6 +78,29 @@ func Companion(key, suffix string) string {
 	return t + suffix + key + "}"
 }
 
+// Under returns a name that begins with prefix, for keys that belong to a
+// prefix rather than to one key (the tag versions): in one slot and Ring
+// shard for every suffix of one prefix, and reported by tracking and
+// granted by ACL patterns of the prefix. It is Companion(prefix, suffix)
+// but for a prefix with a stray '{': prefix+"{}"+suffix, whose hash tag
+// runs from that '{' to the "}" and so is the same for every suffix.
+// suffix must not begin with '}' and must contain no '{' or '}'; prefix
+// must pass HasUnder.
+func Under(prefix, suffix string) string {
+	if strings.IndexByte(prefix, '{') >= 0 {
+		return prefix + "{}" + suffix
+	}
+	return Companion(prefix, suffix)
+}
+
+// HasUnder reports whether Under's names of prefix share a slot: not when
+// prefix's first '{' is closed at once ("{}"), which makes Redis hash
+// every name beginning with prefix whole.
+func HasUnder(prefix string) bool {
+	i := strings.IndexByte(prefix, '{')
+	return i < 0 || i+1 == len(prefix) || prefix[i+1] != '}'
+}
+
 // Front returns "{"+T+"}"+suffix+key: a name in key's slot that does not
 // begin with key, where T is key's own hash tag when it has one (a Ring
 // shards by the tag's text, so the name goes where key's companions go),

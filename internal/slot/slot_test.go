@@ -175,3 +175,31 @@ func TestHasTag(t *testing.T) {
 		}
 	}
 }
+
+// Under's names begin with the prefix, stray '{' or not, and share one
+// slot and one Ring shard (hash tag text) across suffixes.
+func TestUnderOneSlotAndThePrefix(t *testing.T) {
+	for _, prefix := range append(oddKeys, "a{b:", "{", "x}{", "a{b}:") {
+		if !HasUnder(prefix) {
+			if !strings.HasPrefix(prefix[strings.IndexByte(prefix, '{'):], "{}") {
+				t.Errorf("HasUnder(%q) = false; its first '{' is not closed at once", prefix)
+			}
+			continue
+		}
+		first := Under(prefix, ":stampede:tag#clock")
+		for _, suffix := range []string{":stampede:tag:x", ":stampede:tag:%7By%7D", ":stampede:tag#all"} {
+			u := Under(prefix, suffix)
+			if !strings.HasPrefix(u, prefix) || !strings.HasSuffix(u, suffix) {
+				t.Errorf("Under(%q, %q) = %q; want the prefix, then the suffix", prefix, suffix, u)
+			}
+			if Of(u) != Of(first) {
+				t.Errorf("Under(%q, %q) = %q and %q in different slots", prefix, suffix, u, first)
+			}
+			ut, _ := hashTag(u)
+			ft, _ := hashTag(first)
+			if ut != ft || !HasTag(u) {
+				t.Errorf("Under(%q, %q) = %q: hash tag %q, want %q (one Ring shard)", prefix, suffix, u, ut, ft)
+			}
+		}
+	}
+}

@@ -17,7 +17,7 @@ var esc = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // Key is tag's version key, in the slot of the prefix's others.
 func (s *Versions) Key(tag string) string {
-	return slot.Companion(s.prefix, ":stampede:tag:"+esc.Replace(tag))
+	return slot.Under(s.prefix, ":stampede:tag:"+esc.Replace(tag))
 }
 
 // Keys is the version keys of tags, deduplicated and sorted by tag.

@@ -42,9 +42,9 @@ type Versions struct {
 // WithTags.
 func New(rdb redis.UniversalClient, prefix string, on bool) *Versions {
 	return &Versions{
-		Clock:   slot.Companion(prefix, ":stampede:tag#clock"),
-		All:     slot.Companion(prefix, ":stampede:tag#all"),
-		base:    slot.Companion(prefix, ":stampede:tag"),
+		Clock:   slot.Under(prefix, ":stampede:tag#clock"),
+		All:     slot.Under(prefix, ":stampede:tag#all"),
+		base:    slot.Under(prefix, ":stampede:tag"),
 		prefix:  prefix,
 		rdb:     rdb,
 		on:      on,
