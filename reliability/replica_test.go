@@ -5,6 +5,7 @@ package reliability_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -140,6 +141,88 @@ func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
 			if stale.Load() != 0 || errs.Load() != 0 {
 				t.Errorf("%d reads of %d returned the old value and %d failed after Delete/Set returned; want 0 (the replica still had %d old records)",
 					stale.Load(), n+n/2, errs.Load(), lagging)
+			}
+		})
+	}
+}
+
+// The tag versions are read from masters too: a ReadOnly or RouteRandomly
+// client whose replica has not seen a DeleteByTag (it lags) must not find
+// the removed values current there.
+func TestReplicaRoutingKeepsReadAfterDeleteByTag(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 1, 0) // one master with every slot, one replica
+	ctx := context.Background()
+	addrs := []string{cl.nodes[0].Addr, cl.nodes[1].Addr}
+	replica := cl.rdbs[1].Conn()
+	t.Cleanup(func() { _ = replica.Close() })
+	if err := replica.ReadOnly(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range []struct {
+		name string
+		opt  redis.ClusterOptions
+	}{
+		{"ReadOnly", redis.ClusterOptions{Addrs: addrs, ReadOnly: true}},
+		{"RouteRandomly", redis.ClusterOptions{Addrs: addrs, RouteRandomly: true}},
+	} {
+		t.Run(rt.name, func(t *testing.T) {
+			rdb := redis.NewClusterClient(&rt.opt)
+			t.Cleanup(func() { _ = rdb.Close() })
+			prefix := "tagged:" + rt.name + ":"
+			reader := cache.New[string](rdb, cache.WithPrefix(prefix), cache.WithTags())
+			defer reader.Close()
+			writer := cache.New[string](cl.client(t), cache.WithPrefix(prefix), cache.WithTags())
+			defer writer.Close()
+			const n = 20
+			keys := make([]string, n)
+			for i := range keys {
+				keys[i] = strconv.Itoa(i)
+				if err := writer.Set(ctx, keys[i], "old", cache.Tags("t")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := writer.Clear(ctx); err != nil { // the version keys exist, and the replica has them
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				if err := writer.Set(ctx, k, "old", cache.Tags("t")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, 10*time.Second, "the replica has every key", func() bool {
+				for _, k := range keys {
+					if replica.Exists(ctx, prefix+k).Val() != 1 {
+						return false
+					}
+				}
+				return true
+			})
+			if err := replica.Do(ctx, "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
+				t.Fatalf("CLIENT PAUSE WRITE on the replica: %v", err)
+			}
+			t.Cleanup(func() { replica.Do(context.Background(), "CLIENT", "UNPAUSE") })
+			if err := writer.DeleteByTag(ctx, "t"); err != nil {
+				t.Fatal(err)
+			}
+			old := 0
+			for i, k := range keys {
+				var v string
+				var err error
+				if i%2 == 0 {
+					v, err = reader.GetOrLoad(ctx, k, func(context.Context) (string, error) { return "new", nil })
+				} else if v, err = reader.Get(ctx, k); errors.Is(err, cache.ErrCacheMiss) {
+					v, err = "new", nil
+				}
+				if err != nil {
+					t.Fatalf("%q: %v", k, err)
+				}
+				if v == "old" {
+					old++
+				}
+			}
+			if old != 0 {
+				t.Errorf("%d reads of %d got a value DeleteByTag had removed (the replica lags)", old, n)
 			}
 		})
 	}

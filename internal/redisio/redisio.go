@@ -63,6 +63,24 @@ func (cl *Client) GetWith(ctx context.Context, key string, extra []string) ([]by
 	return cl.reads.get(ctx, key, extra)
 }
 
+// MGetSlot reads keys, all of one slot, with one MGET: on a cluster from
+// their master, whatever the client's routing of reads (a replica may
+// still hold what a write replaced). Replies are nil where a key has no
+// string.
+func (cl *Client) MGetSlot(ctx context.Context, keys []string) ([]any, error) {
+	if cl.cluster == nil {
+		return cl.rdb.MGet(ctx, keys...).Result()
+	}
+	args := make([]any, 0, len(keys)+1)
+	args = append(args, "mget")
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	cmd := redis.NewSliceCmd(ctx, args...)
+	cl.Pipeline(ctx, keys[:1], []redis.Cmder{cmd})
+	return cmd.Result()
+}
+
 // Queued returns the number of reads waiting for the next batch; tests use
 // it to know that a read has joined one.
 func (cl *Client) Queued() int {

@@ -28,8 +28,9 @@ type Versions struct {
 	base   string // what every version key begins with
 	prefix string
 	rdb    redis.UniversalClient
-	on     bool               // WithTags: a record without a stamp counts as stamped at clock 0
-	track  *coherence.Tracker // the near cache's; nil: none, nothing is kept
+	mget   func(ctx context.Context, keys []string) ([]any, error) // from the keys' master
+	on     bool                                                    // WithTags: a record without a stamp counts as stamped at clock 0
+	track  *coherence.Tracker                                      // the near cache's; nil: none, nothing is kept
 
 	mu   sync.Mutex
 	memo map[string]uint64 // versions by key, while track vouches for them
@@ -38,10 +39,12 @@ type Versions struct {
 	guesses map[string]guess // value key -> its record's tags at its last read (Guess)
 }
 
-// New returns the versions of prefix, read from rdb; on says the Cache has
-// WithTags.
-func New(rdb redis.UniversalClient, prefix string, on bool) *Versions {
+// New returns the versions of prefix, read from rdb with mget, which reads
+// keys of one slot from their master (never a replica, which may not have
+// a DeleteByTag yet); on says the Cache has WithTags.
+func New(rdb redis.UniversalClient, mget func(ctx context.Context, keys []string) ([]any, error), prefix string, on bool) *Versions {
 	return &Versions{
+		mget:    mget,
 		Clock:   slot.Under(prefix, ":stampede:tag#clock"),
 		All:     slot.Under(prefix, ":stampede:tag#all"),
 		base:    slot.Under(prefix, ":stampede:tag"),
@@ -106,7 +109,7 @@ func (s *Versions) Read(ctx context.Context, keys []string) ([]uint64, error) {
 		}
 		tk = s.track.Ticket(keys[0]) // any key: their invalidation voids every ticket
 	}
-	got, err := s.rdb.MGet(ctx, keys...).Result()
+	got, err := s.mget(ctx, keys)
 	if err != nil {
 		return nil, err
 	}
