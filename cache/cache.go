@@ -211,8 +211,9 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 // process, near caches included, gets none of them, nor the value of a load
 // that began before it. It voids the versions every process keeps in
 // memory, so each near cache starts empty after it. The values stay in
-// Redis until their TTL, unreadable (see [WithTags]). Errors: [ErrNoTags]
-// without WithTags, an error for an empty tag, [ErrCircuitOpen] while the
+// Redis until their TTL, unreadable (see [WithTags]). A ctx already ended
+// returns ctx.Err() at once. Errors: [ErrNoTags] without WithTags (with or
+// without tags), an error for an empty tag, [ErrCircuitOpen] while the
 // breaker is open, a Redis error wrapped as "cache: redis: ...".
 func (c *Cache[V]) DeleteByTag(ctx context.Context, tags ...string) error {
 	return c.deleteByTag(ctx, tags)

@@ -17,8 +17,8 @@ type EventKind uint8
 const (
 	// EventHit: a fresh value (or a cached not-found) was read from Redis.
 	EventHit EventKind = iota + 1
-	// EventMiss: the key was absent, expired or unreadable; a load or a wait
-	// follows.
+	// EventMiss: the key was absent, expired or unreadable; in GetOrLoad a
+	// load or a wait follows, Get returns ErrCacheMiss.
 	EventMiss
 	// EventLoad: this process's loader returned. Duration: how long it ran;
 	// Err: its error (nil, ErrNotFound, or a failure).

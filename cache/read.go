@@ -38,25 +38,35 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	default:
 		return zero, fmt.Errorf("cache: redis: %w", err)
 	}
-	if errors.Is(err, redis.Nil) {
+	// Counted as GetOrLoad's reads are: a hit, a stale value served, or a
+	// miss (see Stats).
+	miss := func() (V, error) {
+		c.cfg.emit(EventMiss, key, 0, nil)
 		return zero, ErrCacheMiss
+	}
+	if errors.Is(err, redis.Nil) {
+		return miss()
 	}
 	r := c.decodeFor(key, b, at, current)
 	if r == nil {
-		return zero, ErrCacheMiss
+		return miss()
 	}
 	if r.notFound != nil {
+		c.cfg.emit(EventHit, key, 0, nil)
 		return zero, notFound(key)
 	}
 	if r.err == nil {
 		switch c.cfg.fresh().Of(r.fresh, r.throttled, at, nil) { // Get never refreshes
 		case freshness.Expired:
-			return zero, ErrCacheMiss
+			return miss()
 		case freshness.Stale:
 			if o.noStale {
-				return zero, ErrCacheMiss
+				return miss()
 			}
 			markStale(ctx)
+			c.cfg.emit(EventStaleServed, key, 0, nil)
+		default:
+			c.cfg.emit(EventHit, key, 0, nil)
 		}
 		if c.near != nil {
 			c.near.keep(c, key, tk, r)

@@ -15,8 +15,8 @@ import (
 // Redis hit.
 type Stats struct {
 	NearHits    int64 // values served from this process's memory (EventNearHit)
-	RedisHits   int64 // flights answered by a value read from Redis (EventHit)
-	Misses      int64 // reads that found no usable value (EventMiss)
+	RedisHits   int64 // flights and Get calls answered by a value read from Redis (EventHit)
+	Misses      int64 // flights and Get calls that found no usable value (EventMiss)
 	Loads       int64 // loader calls (EventLoad)
 	LoadErrors  int64 // loader calls that failed; a not-found is not a failure
 	Waits       int64 // waits for another holder's load (EventWait)

@@ -38,7 +38,12 @@ func TestStatsAndSkipNear(t *testing.T) {
 	require.NoError(t, err)
 	after := c.Stats()
 	assert.Equal(t, s.NearHits, after.NearHits, "SkipNear served from memory")
-	assert.Equal(t, s.RedisHits+1, after.RedisHits, "GetOrLoad with SkipNear read Redis")
+	assert.Equal(t, s.RedisHits+2, after.RedisHits, "GetOrLoad and Get with SkipNear read Redis")
+
+	// Get counts as GetOrLoad's reads do: a miss when Redis has nothing.
+	_, err = c.Get(t.Context(), "nothing")
+	require.ErrorIs(t, err, ErrCacheMiss)
+	assert.Equal(t, after.Misses+1, c.Stats().Misses, "a Get that found nothing")
 
 	// A failed load counts as one; a not-found does not.
 	boom := errors.New("boom")

@@ -73,6 +73,12 @@ func (c *Cache[V]) deleteVersions(ctx context.Context, keys []string) error {
 
 // deleteByTag is DeleteByTag.
 func (c *Cache[V]) deleteByTag(ctx context.Context, tags []string) error {
+	if err := ctx.Err(); err != nil { // nothing to do for a caller who left
+		return err
+	}
+	if !c.cfg.tags {
+		return ErrNoTags
+	}
 	if len(tags) == 0 {
 		return nil
 	}

@@ -93,6 +93,7 @@ func TestTagsNeedWithTags(t *testing.T) {
 	c := New[product](rdb, WithPrefix(p))
 	defer c.Close()
 	assert.ErrorIs(t, c.DeleteByTag(ctx, "x"), ErrNoTags)
+	assert.ErrorIs(t, c.DeleteByTag(ctx), ErrNoTags, "no tags: still the wrong call")
 	assert.ErrorIs(t, c.Clear(ctx), ErrNoTags)
 	assert.ErrorIs(t, c.Set(ctx, "k", product{}, Tags("x")), ErrNoTags)
 	_, err := c.GetOrLoad(ctx, "k", (&counter{}).load, Tags("x"))
@@ -125,6 +126,9 @@ func TestTagsNeedWithTags(t *testing.T) {
 	tc := New[product](rdb, WithPrefix(p+"t:"), WithTags())
 	defer tc.Close()
 	assert.ErrorContains(t, tc.DeleteByTag(ctx, "ok", ""), "empty tag")
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	assert.ErrorIs(t, tc.DeleteByTag(gone), context.Canceled, "a caller who left, even with no tags")
 	assert.ErrorContains(t, tc.Set(ctx, "k", product{}, Tags("")), "empty tag")
 	// The version keys are not keys a caller may use.
 	_, err = tc.Get(ctx, strings.TrimPrefix(tc.tags.Key("ok"), tc.cfg.prefix))
