@@ -72,7 +72,10 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.Within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
-	c.tags = tags.New(rdb, c.redisio.MGetSlot, c.cfg.prefix, c.cfg.tags)
+	// Its own transport (it sends no coalesced reads): c.redisio's batch
+	// context holds c, and the near cache holds the versions, so c would
+	// never be collected.
+	c.tags = tags.New(rdb, redisio.New(rdb, nil, false).MGetSlot, c.cfg.prefix, c.cfg.tags)
 	if c.cfg.near.on() && nearSupported(rdb) {
 		c.near = newNear(c)
 		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too

@@ -138,9 +138,10 @@ func (c *Cache[V]) closeWriter() {
 
 // nearEntry is one value in memory.
 type nearEntry[V any] struct {
-	data  []byte // the codec's bytes: each caller decodes its own copy
-	v     *V     // decoded once, for WithNearShared and for cloners
-	until int64  // clock.Now after which the entry is not served
+	data    []byte      // the codec's bytes: each caller decodes its own copy
+	v       *V          // decoded once, for WithNearShared and for cloners
+	until   int64       // clock.Now after which the entry is not served
+	checked atomic.Bool // keep found its ticket valid after storing it: not served before
 }
 
 // cloner is a value that copies itself: near hits clone instead of decoding.
@@ -234,7 +235,7 @@ func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 	}
 	e, ok := n.store.GetIfPresent(key)
 	now := clock.Now()
-	if !ok || now >= e.until {
+	if !ok || now >= e.until || !e.checked.Load() {
 		return v, false
 	}
 	yieldIfDue(now)
@@ -251,7 +252,8 @@ func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 // keep stores a fresh result for key (prefix included) read under tk, unless an invalidation of its
 // key (or of everything) came since tk was taken. It stores first and checks
 // after, removing its own entry if the check fails: an invalidation that
-// lands between a check and a store could otherwise leave an old value.
+// lands between a check and a store could otherwise leave an old value. The
+// entry is served only once the check passed.
 func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V]) {
 	if !tk.OK() || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.Expiry.IsZero() {
 		return
@@ -277,14 +279,19 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	}
 	local := strings.Clone(key[len(n.prefix):]) // not a slice that keeps the prefixed key alive
 	n.store.Set(local, e)
-	if !n.track.Valid(tk) {
-		n.store.ComputeIfPresent(local, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
-			if old == e {
-				return nil, otter.InvalidateOp
-			}
-			return old, otter.CancelOp
-		})
+	if n.track.Valid(tk) {
+		// Served only from now on: between the store and the check, a read
+		// that began after a write returned could otherwise get an entry
+		// whose check is about to fail.
+		e.checked.Store(true)
+		return
 	}
+	n.store.ComputeIfPresent(local, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
+		if old == e {
+			return nil, otter.InvalidateOp
+		}
+		return old, otter.CancelOp
+	})
 }
 
 func (n *near[V]) close() {

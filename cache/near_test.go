@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/rediserr"
 	"github.com/stampede-go/stampede/internal/redistest"
@@ -105,6 +106,25 @@ func TestNearCacheServesHitsFromMemory(t *testing.T) {
 	a.Tags["sale"] = "changed"
 	b, _ := c.GetOrLoad(t.Context(), "k", src.load)
 	assert.Equal(t, "yes", b.Tags["sale"], "a caller's change reached another caller")
+}
+
+// An entry is served only once keep checked its ticket after storing it:
+// in between, a read that began after a write returned could get an entry
+// whose check is about to fail (a reader preempted between the two). Here
+// an entry stands stored and never checked: it is not served, and the read
+// goes to Redis.
+func TestNearCacheServesNoEntryBeforeItsCheck(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t)
+	c, _, ev := newNearCacheCounting(t, p)
+	require.NoError(t, c.Set(t.Context(), "k", product{ID: "new"}))
+	old, err := c.cfg.codec.Marshal(product{ID: "old"})
+	require.NoError(t, err)
+	c.near.store.Set("k", &nearEntry[product]{data: old, until: clock.Now() + int64(time.Hour)})
+	v, err := c.Get(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, "new", v.ID, "served an entry whose ticket was never checked")
+	assert.Zero(t, ev.get(EventNearHit))
 }
 
 func TestNearCacheServesGet(t *testing.T) {

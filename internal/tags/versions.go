@@ -84,18 +84,20 @@ func (s *Versions) recall(keys []string) ([]uint64, bool) {
 }
 
 // keep stores versions read under tk, and forgets them all if tk no
-// longer holds (stored first, checked after, as the near cache does).
+// longer holds: stored first, checked after (as the near cache does), and
+// both under the lock, so that no recall sees versions whose check is
+// about to fail (Valid takes no lock; an invalidation's Forget waits).
 func (s *Versions) keep(tk coherence.Ticket, keys []string, vs []uint64) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if len(s.memo)+len(keys) > memoMax {
 		clear(s.memo)
 	}
 	for i, k := range keys {
 		s.memo[k] = vs[i]
 	}
-	s.mu.Unlock()
 	if !s.track.Valid(tk) {
-		s.Forget()
+		clear(s.memo)
 	}
 }
 
