@@ -184,7 +184,11 @@ func TestEventualNearCacheMaxAgeBoundsStaleness(t *testing.T) {
 	var frozen atomic.Bool
 	r, _, _ := freezableNearCache(t, p, &frozen, WithEventualNearCache(maxAge))
 	w, _ := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(maxAge))
+	tk := r.near.track.Ticket(p + "k")
 	require.NoError(t, w.Set(t.Context(), "k", product{ID: "old"}))
+	// That Set's own invalidation must have landed before the warm-up: late,
+	// it would drop "old" from memory and no read below would be old.
+	require.True(t, eventually(func() bool { return r.near.track.Invalidated(tk) }), "the first Set's invalidation never came")
 	warmNear(t, r, "k", "old")
 	frozen.Store(true)
 	require.NoError(t, w.Set(t.Context(), "k", product{ID: "new"}))

@@ -303,7 +303,9 @@ func TestRedlockValidity(t *testing.T) {
 func TestRedlockLostQuorumCancelsHold(t *testing.T) {
 	q := newQuorumSet(t)
 	const ttl = 600 * time.Millisecond
-	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl)
+	// A third of the TTL, not the default tenth (60 ms): the first round
+	// dials five fresh clients, which a loaded machine may take longer for.
+	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl, WithQuorumWait(ttl/3))
 	require.NoError(t, err)
 	var cancelled atomic.Bool
 	err = l.Hold(t.Context(), func(ctx context.Context) error {

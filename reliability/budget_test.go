@@ -57,8 +57,9 @@ func TestBudgetErrorNamesKeyAndBudget(t *testing.T) {
 	key := redistest.Prefix(t, newClient(t, addr, nil)) + "budget"
 	holder := procs(t, 1, addr, nil)[0]
 	waiter := procs(t, 1, addr, nil, cache.WithRetry(3, 20*time.Millisecond))[0]
-	src := newSource(time.Second)
+	src := newSource(0)
 	src.entered = make(chan string, 1)
+	src.hold = make(chan struct{}) // the holder loads until the waiter gave up, however slow the machine
 	held := make(chan error, 1)
 	go func() {
 		_, err := holder.GetOrLoad(context.Background(), key, src.loader(key, "v"))
@@ -66,6 +67,7 @@ func TestBudgetErrorNamesKeyAndBudget(t *testing.T) {
 	}()
 	<-src.entered
 	_, err := waiter.GetOrLoad(context.Background(), key, src.loader(key, "waiter's"))
+	close(src.hold)
 	if !errors.Is(err, cache.ErrLockNotAcquired) {
 		t.Fatalf("waiter: GetOrLoad = %v; want ErrLockNotAcquired", err)
 	}
@@ -82,7 +84,7 @@ func TestBudgetErrorNamesKeyAndBudget(t *testing.T) {
 	if n := src.loads(key); n != 1 {
 		t.Errorf("loads = %d; want 1 (the waiter gave up, it did not load)", n)
 	}
-	t.Logf("figures: WithRetry(3, 20ms) against a 1s load: %v", err)
+	t.Logf("figures: WithRetry(3, 20ms) against a load that outlasts it: %v", err)
 }
 
 // TestLoadTimeoutEndsAWaitWithKeyAndTimeout: with the default budget the
@@ -93,8 +95,9 @@ func TestLoadTimeoutEndsAWaitWithKeyAndTimeout(t *testing.T) {
 	key := redistest.Prefix(t, newClient(t, addr, nil)) + "timeout"
 	holder := procs(t, 1, addr, nil)[0]
 	waiter := procs(t, 1, addr, nil, cache.WithLoadTimeout(500*time.Millisecond))[0]
-	src := newSource(2 * time.Second)
+	src := newSource(0)
 	src.entered = make(chan string, 1)
+	src.hold = make(chan struct{}) // the holder loads until the waiter gave up, however slow the machine
 	held := make(chan error, 1)
 	go func() {
 		_, err := holder.GetOrLoad(context.Background(), key, src.loader(key, "v"))
@@ -102,6 +105,7 @@ func TestLoadTimeoutEndsAWaitWithKeyAndTimeout(t *testing.T) {
 	}()
 	<-src.entered
 	_, err := waiter.GetOrLoad(context.Background(), key, src.loader(key, "waiter's"))
+	close(src.hold)
 	if !errors.Is(err, cache.ErrLockNotAcquired) {
 		t.Fatalf("waiter: GetOrLoad = %v; want ErrLockNotAcquired", err)
 	}
@@ -116,5 +120,5 @@ func TestLoadTimeoutEndsAWaitWithKeyAndTimeout(t *testing.T) {
 	if n := src.loads(key); n != 1 {
 		t.Errorf("loads = %d; want 1", n)
 	}
-	t.Logf("figures: default budget, WithLoadTimeout(500ms) against a 2s load: %v", err)
+	t.Logf("figures: default budget, WithLoadTimeout(500ms) against a load that outlasts it: %v", err)
 }

@@ -90,7 +90,8 @@ type source struct {
 	perKey  map[string]int
 	total   atomic.Int64
 	delay   time.Duration
-	entered chan string // receives each key as its load starts, if not nil
+	entered chan string   // receives each key as its load starts, if not nil
+	hold    chan struct{} // if not nil, loads end only once it is closed (after the delay)
 }
 
 func newSource(delay time.Duration) *source {
@@ -113,6 +114,13 @@ func (s *source) loader(key, want string) func(context.Context) (string, error) 
 		if s.delay > 0 {
 			select {
 			case <-time.After(s.delay):
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		}
+		if s.hold != nil {
+			select {
+			case <-s.hold:
 			case <-ctx.Done():
 				return "", ctx.Err()
 			}
