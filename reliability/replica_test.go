@@ -17,17 +17,24 @@ import (
 	"github.com/stampede-go/stampede/cache"
 )
 
-func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
-	t.Parallel()
-	cl := startCluster(t, 1, 0) // one master with every slot, one replica
-	ctx := context.Background()
-	addrs := []string{cl.nodes[0].Addr, cl.nodes[1].Addr}
-	// One connection to the replica that may read from it (READONLY).
+// replicated starts a cluster of one master with every slot and one
+// replica; it returns the nodes' addresses and a connection to the replica
+// that may read from it (READONLY).
+func replicated(t *testing.T) (*cluster, []string, *redis.Conn) {
+	t.Helper()
+	cl := startCluster(t, 1, 0)
 	replica := cl.rdbs[1].Conn()
 	t.Cleanup(func() { _ = replica.Close() })
-	if err := replica.ReadOnly(ctx).Err(); err != nil {
+	if err := replica.ReadOnly(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
+	return cl, []string{cl.nodes[0].Addr, cl.nodes[1].Addr}, replica
+}
+
+func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
+	t.Parallel()
+	cl, addrs, replica := replicated(t)
+	ctx := context.Background()
 	for _, rt := range []struct {
 		name   string
 		opt    redis.ClusterOptions
@@ -151,14 +158,8 @@ func TestReplicaRoutingKeepsReadAfterDelete(t *testing.T) {
 // the removed values current there.
 func TestReplicaRoutingKeepsReadAfterDeleteByTag(t *testing.T) {
 	t.Parallel()
-	cl := startCluster(t, 1, 0) // one master with every slot, one replica
+	cl, addrs, replica := replicated(t)
 	ctx := context.Background()
-	addrs := []string{cl.nodes[0].Addr, cl.nodes[1].Addr}
-	replica := cl.rdbs[1].Conn()
-	t.Cleanup(func() { _ = replica.Close() })
-	if err := replica.ReadOnly(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
 	for _, rt := range []struct {
 		name string
 		opt  redis.ClusterOptions
