@@ -245,7 +245,7 @@ func (h *Hub) pong(n *node, payload string) {
 func (t *Tracker) resign() {
 	ctx, cancel := context.WithTimeout(context.Background(), t.lease/4)
 	defer cancel()
-	keys := t.registries()
+	keys := t.inUse() // a refused try of the registry would skip the PINGs
 	if keys[1] != keys[0] {
 		_ = t.rdb.HDel(ctx, keys[1], t.id).Err() // where writers of earlier versions look, if it is there
 	}

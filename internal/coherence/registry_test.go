@@ -6,6 +6,7 @@ package coherence
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -285,4 +286,34 @@ func TestNarrowedTrackerTakesUpAFixedRule(t *testing.T) {
 	}
 	assert.Zero(t, lapsed.Load(), "writes waited out a lease with every holder alive")
 	assert.EqualValues(t, 3, narrowed.Load())
+}
+
+// A narrowed holder's Close does not spend the try of the registry: refused,
+// it would skip the PINGs that let writes in flight be acknowledged, so
+// that each waited out the closing holder's lease.
+func TestNarrowedHolderResignsWithPings(t *testing.T) {
+	retry := RegistryRetry
+	t.Cleanup(func() { RegistryRetry = retry })
+	srv := redistest.PrivateServer(t, "it creates an ACL user and counts PINGs")
+	admin := redistest.Client(t, srv.Addr)
+	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "u", "on", ">s", "resetkeys", "resetchannels",
+		"~product:*", "&product:*", "&__redis__:invalidate", "+@all").Err())
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "u", Password: "s"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h := New(rdb, "product:", 400*time.Millisecond, Hooks{})
+	require.True(t, eventually(h.Serving), "never serving under the old rule")
+	require.True(t, h.narrow.Load())
+	pings := func() int64 {
+		info := admin.Info(t.Context(), "commandstats").Val()
+		_, rest, _ := strings.Cut(info, "cmdstat_ping:calls=")
+		n, _, _ := strings.Cut(rest, ",")
+		v, err := strconv.ParseInt(n, 10, 64)
+		require.NoError(t, err, "%q", info)
+		return v
+	}
+	RegistryRetry = time.Nanosecond // the minute has just passed
+	before := pings()
+	h.Close()
+	assert.Positive(t, pings()-before, "Close sent no PING: writes in flight wait out its lease")
+	assert.False(t, admin.HExists(t.Context(), LegacyRegistryKey("product:"), h.ID()).Val(), "still in the registry")
 }

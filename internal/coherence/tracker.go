@@ -354,11 +354,17 @@ var RegistryRetry = time.Minute
 // an ACL refused the former; then one call every RegistryRetry tries the
 // registry again (see narrowed and widened).
 func (t *Tracker) registries() []string {
+	if at := t.narrowAt.Load(); t.narrow.Load() && nanotime()-at >= int64(RegistryRetry) && t.narrowAt.CompareAndSwap(at, nanotime()) {
+		return []string{t.registry, t.legacy}
+	}
+	return t.inUse()
+}
+
+// inUse is registries() without the try of the registry: for calls that a
+// refusal would cut short (resign).
+func (t *Tracker) inUse() []string {
 	if t.narrow.Load() {
-		at := t.narrowAt.Load()
-		if nanotime()-at < int64(RegistryRetry) || !t.narrowAt.CompareAndSwap(at, nanotime()) {
-			return []string{t.legacy, t.legacy}
-		}
+		return []string{t.legacy, t.legacy}
 	}
 	return []string{t.registry, t.legacy}
 }
