@@ -66,16 +66,13 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
 	c.legacy, c.markKeys = coherence.LegacyRegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
+	c.tags = tags.New(rdb, c.cfg.prefix, c.cfg.tags)
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.Within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
-	// Its own transport (it sends no coalesced reads): c.redisio's batch
-	// context holds c, and the near cache holds the versions, so c would
-	// never be collected.
-	c.tags = tags.New(rdb, redisio.New(rdb, nil, false).MGetSlot, c.cfg.prefix, c.cfg.tags)
 	if c.cfg.near.on() && nearSupported(rdb) {
 		c.near = newNear(c)
 		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too

@@ -89,7 +89,7 @@ type Tracker struct {
 	registry   string        // RegistryKey(prefix)
 	legacy     string        // LegacyRegistryKey(prefix)
 	narrow     atomic.Bool   // an ACL refused registry: legacy alone
-	narrowAt   atomic.Int64  // nanotime of the last refusal of registry (see registries)
+	narrowAt   atomic.Int64  // nanotime of the last refusal or try of registry (see registries)
 	markCh     string        // where writers' markers come (cluster, Ring; anywhere when asked again)
 	markKeys   string        // what writers' marker keys begin with (single server)
 	lease      time.Duration // the coherence lease

@@ -1,7 +1,6 @@
 package tags
 
 import (
-	"context"
 	"os"
 	"testing"
 
@@ -19,7 +18,7 @@ func TestMain(m *testing.M) {
 // A tag with braces must not make a hash tag of its own: its version lives
 // with the others, in one slot.
 func TestTagKeysShareOneSlot(t *testing.T) {
-	s := New(nil, nil, "p:", true)
+	s := New(nil, "p:", true)
 	want := s.Key("plain")
 	for _, tag := range []string{"{x}", "a}b{", "%7B", "{"} {
 		k := s.Key(tag)
@@ -37,7 +36,7 @@ func TestMerge(t *testing.T) {
 	assert.Nil(t, Merge(nil, nil))
 	assert.Equal(t, []string{"a", "b", "c"}, Merge([]string{"c", "a"}, []string{"b", "a"}))
 	assert.Equal(t, []string{"x"}, Merge([]string{"x", "x"}, nil))
-	assert.Len(t, New(nil, nil, "p:", true).Keys([]string{"b", "a", "b"}), 2)
+	assert.Len(t, New(nil, "p:", true).Keys([]string{"b", "a", "b"}), 2)
 }
 
 // A record is current until a version it depends on (its tags', or the
@@ -46,8 +45,7 @@ func TestCurrentAgainstVersions(t *testing.T) {
 	rdb := redistest.Client(t, redistest.Addr(t))
 	p := redistest.Prefix(t, rdb)
 	ctx := t.Context()
-	mget := func(ctx context.Context, keys []string) ([]any, error) { return rdb.MGet(ctx, keys...).Result() }
-	s := New(rdb, mget, p, true)
+	s := New(rdb, p, true)
 
 	st, err := s.Stamp(ctx, []string{"a"})
 	require.NoError(t, err)
@@ -75,7 +73,7 @@ func TestCurrentAgainstVersions(t *testing.T) {
 	_, err = s.Current(ctx, *st)
 	assert.ErrorContains(t, err, "not a number")
 
-	off := New(rdb, mget, p, false)
+	off := New(rdb, p, false)
 	st, err = off.Stamp(ctx, []string{"a"})
 	assert.NoError(t, err)
 	assert.Nil(t, st)

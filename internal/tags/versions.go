@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/record"
+	"github.com/stampede-go/stampede/internal/redisio"
 	"github.com/stampede-go/stampede/internal/slot"
 )
 
@@ -39,12 +40,12 @@ type Versions struct {
 	guesses map[string]guess // value key -> its record's tags at its last read (Guess)
 }
 
-// New returns the versions of prefix, read from rdb with mget, which reads
-// keys of one slot from their master (never a replica, which may not have
-// a DeleteByTag yet); on says the Cache has WithTags.
-func New(rdb redis.UniversalClient, mget func(ctx context.Context, keys []string) ([]any, error), prefix string, on bool) *Versions {
+// New returns the versions of prefix, read from rdb's masters (never a
+// replica, which may not have a DeleteByTag yet); on says the Cache has
+// WithTags.
+func New(rdb redis.UniversalClient, prefix string, on bool) *Versions {
 	return &Versions{
-		mget:    mget,
+		mget:    redisio.New(rdb, nil, false).MGetSlot, // no coalesced reads: no batch context
 		Clock:   slot.Under(prefix, ":stampede:tag#clock"),
 		All:     slot.Under(prefix, ":stampede:tag#all"),
 		base:    slot.Under(prefix, ":stampede:tag"),
