@@ -70,9 +70,10 @@ type batch[V any] struct {
 	keys     []string          // full keys, deduplicated, in the caller's order
 	name     map[string]string // full key to the caller's key
 
-	held []*heldKey // the locks this call took and has not given up yet
-	due  []due[V]   // values read that call for a refresh, not started yet
-	late []string   // keys the read-or-lock found, answered by takeLate
+	held   []*heldKey            // the locks this call took and has not given up yet
+	due    []due[V]              // values read that call for a refresh, not started yet
+	late   []string              // keys the read-or-lock found, answered by takeLate
+	misses map[string]verdict[V] // what the reads found at keys to reload (see verdict)
 
 	mu    sync.Mutex       // protects vals, errs and stale
 	vals  map[string]V     // by the caller's key
@@ -147,14 +148,20 @@ func (b *batch[V]) put(name string, v V, stale bool) {
 }
 
 // hit answers key's read r (nil: unreadable) as [Cache.judge] says,
-// leaving the refreshes in b.due for b.refresh to start together. nil
-// means a miss.
+// leaving the refreshes in b.due for b.refresh to start together, and what
+// a miss found in b.misses for its reload. nil means a miss.
 func (b *batch[V]) hit(key string, r *result[V]) *result[V] {
-	r, isDue := b.c.judge(key, r, b.opts.noStale)
-	if isDue {
-		b.due = append(b.due, due[V]{key: key, name: b.name[key], old: r})
+	v := b.c.judge(key, r, b.opts, true)
+	switch {
+	case v.due:
+		b.due = append(b.due, due[V]{key: key, name: b.name[key], old: v.hit})
+	case v.hit == nil:
+		if b.misses == nil {
+			b.misses = map[string]verdict[V]{}
+		}
+		b.misses[key] = v
 	}
-	return r
+	return v.hit
 }
 
 // refresh starts the refreshes of b.due together (see refreshDue).
@@ -357,12 +364,7 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 			others = append(others, k)
 		}
 	}
-	if len(orphans) > 0 {
-		// Released in the background, as GetOrLoad does: on a stalled Redis a
-		// second round trip would double the wait before the failure policy
-		// applies. The goroutine ends with the release, bounded by the lock TTL.
-		go c.endLocks(ctx, releases(orphans))
-	}
+	c.releaseLost(ctx, orphans...)
 	return others, lost
 }
 
@@ -371,21 +373,20 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 // for (another holder, or a value GetOrLoad's loop must deal with).
 func (b *batch[V]) locked(key string, lk *loadLock, at time.Time, cmd *redis.Cmd) (wait bool) {
 	res, err := cmd.Slice()
-	switch {
-	case err != nil || len(res) != 2:
+	switch reply, found, ok := parseLockReply(res); {
+	case err != nil || !ok:
 		b.fail(key, fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v (%v)", key, res, err))
-	case res[0] == int64(1):
-		s, _ := res[1].(string)
+	case reply == lockFound:
 		queued := len(b.due)
-		if r := b.hit(key, b.c.decode(b.ctx, key, []byte(s), at)); r == nil {
+		if r := b.hit(key, b.c.decode(b.ctx, key, found, at)); r == nil {
 			return true // unreadable, or expired already
 		} else if len(b.due) > queued {
 			b.late = append(b.late, key) // answered by takeLate, with its refresh
 		} else {
 			b.take(key, r)
 		}
-	case res[1] == int64(1):
-		h := &heldKey{loadKey: loadKey{key: key, name: b.name[key], lk: lk, locked: at}, done: make(chan struct{})}
+	case reply == lockTaken:
+		h := &heldKey{loadKey: b.misses[key].loadKey(key, b.name[key], lk, at), done: make(chan struct{})}
 		b.held = append(b.held, h)
 		// Lead this process's flight of key, so that GetOrLoad callers of it
 		// share this load. If a flight already runs, it waits on the lock
@@ -445,7 +446,7 @@ func (b *batch[V]) load(ctx context.Context, uncached []string) {
 	if len(keys) == 0 {
 		return
 	}
-	rs, errs := b.c.loadFor(ctx, keys, b.loadMany, b.opts.store)
+	rs, errs := b.c.loadMisses(ctx, keys, b.loadMany, b.opts.store)
 	b.held = nil
 	for i, k := range keys {
 		if errs[i] != nil {

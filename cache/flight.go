@@ -47,10 +47,11 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 	}
 	tk := c.nearTicket(key) // before start: every read this caller takes is sent after it
 	start := time.Now()
+	own := o.force // a flight of this caller's own, merged with no other
 	for {
 		var v any
 		var err error
-		if o.force {
+		if own {
 			v, err = c.forced(ctx, key, load, o)
 		} else {
 			v, err = c.merged(ctx, key, load, o)
@@ -62,6 +63,12 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 		if res.at.Before(start) {
 			// The flight's answer predates this caller. The flight has left
 			// the group, so the next one starts after start.
+			continue
+		}
+		if !own && !accepts(res, o) {
+			// Another caller's flight, whose options allowed what this
+			// caller's refuse: ask again with a flight of its own.
+			own = true
 			continue
 		}
 		if res.stale {
@@ -200,21 +207,17 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		return c.redisFailed(ctx, key, c.brk.Err(), load, o)
 	}
 	b, current, err := c.read(ctx, key)
-	var skip []byte        // bytes at key we could not decode, or must reload: a miss, to be replaced
-	var expired *result[V] // a value expired by hand: the fallback if the load fails
+	var miss verdict[V] // what the miss path reloads
+	var skip []byte     // bytes at key we could not decode, or must reload: a miss, to be replaced
 	switch c.readReply(key, err) {
 	case readHit:
+		skip = b
 		if o.force { // what is there now is to be replaced; a value committed after it is not
-			skip = b
 			break
 		}
-		r := c.decodeFor(key, b, at, current)
-		if f := c.found(ctx, key, load, o, r); f != nil {
-			return f, nil
-		}
-		skip = b
-		if r != nil && r.expired && c.cfg.stale > 0 { // Expire: reloaded, the old value its fallback
-			expired = r
+		miss = c.judge(key, c.decodeFor(key, b, at, current), o, true)
+		if r := c.found(ctx, key, load, o, miss); r != nil {
+			return r, nil
 		}
 	case readMiss:
 	case readFatal:
@@ -227,43 +230,14 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	// shared one of the GET may be nearly spent.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.loadTimeout)
 	defer cancel()
-	return c.readOrLock(ctx, key, load, o, skip, expired)
-}
-
-// readVerdict is what a read's reply (its error) means for the miss path.
-type readVerdict uint8
-
-const (
-	readHit    readVerdict = iota // bytes to decode
-	readMiss                      // nothing there, or nothing to wait out but a transient error
-	readFatal                     // misconfiguration: returned under every policy
-	readOutage                    // Redis could not serve: the failure policy decides
-)
-
-// readReply records a read's outcome (see redisCall) and says what it
-// means.
-func (c *Cache[V]) readReply(key string, err error) readVerdict {
-	return verdictOf(c.redisCall(key, err), err)
-}
-
-// verdictOf is readReply for an error already classified.
-func verdictOf(class errClass, err error) readVerdict {
-	switch {
-	case err == nil:
-		return readHit
-	case errors.Is(err, redis.Nil), isWrongType(err), class == errTransient:
-		return readMiss
-	case class == errFatal:
-		return readFatal
-	}
-	return readOutage
+	return c.readOrLock(ctx, key, load, o, skip, miss)
 }
 
 // readOrLock runs read-or-lock until it finds a value or takes the lock,
 // waiting for the holder's commit between attempts, at most the retry
-// budget; skip is bytes at key that do not count as a value, expired a
-// value expired by hand, the fallback of a failed load (nil: none).
-func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, skip []byte, expired *result[V]) (*result[V], error) {
+// budget; skip is bytes at key that do not count as a value, miss what the
+// flight found there (see verdict).
+func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, skip []byte, miss verdict[V]) (*result[V], error) {
 	lk := newLoadLock(key)
 	var w waiter
 	for attempt := 1; ; attempt++ {
@@ -272,28 +246,27 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 		if err != nil && !w.start.IsZero() && ctx.Err() != nil && !isReply(err) {
 			// The load timeout fell inside a retry: the wait's budget ran
 			// out, not Redis. The lock may be ours if only the reply was lost.
-			go c.endLocks(ctx, releases([]*loadLock{lk}))
+			c.releaseLost(ctx, lk)
 			err := c.notAcquired(ctx, key)
 			c.waited(key, w.start, err)
 			return nil, err
 		}
 		switch c.redisCall(key, err) {
 		case errNone:
-			if res[0].(int64) == 1 {
-				b := []byte(res[1].(string))
-				if r := c.found(ctx, key, load, o, c.decode(ctx, key, b, at)); r != nil {
+			switch reply, b, ok := parseLockReply(res); {
+			case !ok:
+				return nil, fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v", key, res)
+			case reply == lockFound:
+				v := c.judge(key, c.decode(ctx, key, b, at), o, true)
+				if r := c.found(ctx, key, load, o, v); r != nil {
 					c.waited(key, w.start, nil)
 					return r, nil
 				}
-				skip = b
-			} else if res[1].(int64) == 1 {
+				skip, miss = b, v
+			case reply == lockTaken:
 				c.waited(key, w.start, nil)
-				k := loadKey{key: key, name: key, lk: lk, locked: at}
-				if expired != nil {
-					k.fallback, k.prior, k.kept = expired.data, expired.stamp, expired.fresh.TTL
-				}
-				return c.loadHeld(ctx, k, load, o)
-			} else if w.start.IsZero() {
+				return c.loadHeld(ctx, miss.loadKey(key, key, lk, at), load, o)
+			case w.start.IsZero():
 				w.start = time.Now()
 				c.cfg.emit(EventLockContended, key, 0, nil)
 			}
@@ -340,13 +313,10 @@ func (c *Cache[V]) waitForHolder(ctx context.Context, key string, w *waiter, att
 	return *attempt <= c.cfg.retry.max && ctx.Err() == nil
 }
 
-// lostReply ends a read-or-lock whose reply was lost to an outage. The
-// lock is ours if only the reply was lost: it is released in the
-// background, since on a stalled Redis a second round trip would double
-// the wait before the failure policy applies (the goroutine ends with the
-// release, which is bounded like every commit and release).
+// lostReply ends a read-or-lock whose reply was lost to an outage (see
+// releaseLost).
 func (c *Cache[V]) lostReply(ctx context.Context, key string, lk *loadLock, err, transient error, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
-	go c.endLocks(ctx, releases([]*loadLock{lk}))
+	c.releaseLost(ctx, lk)
 	if transient != nil && ctx.Err() != nil { // the load timeout ended a transient wait: name both
 		return nil, fmt.Errorf("cache: redis: still failing when the load timeout ended: %w (before it: %w)", err, transient)
 	}
@@ -412,31 +382,38 @@ func (c *Cache[V]) decodeFor(key string, b []byte, at time.Time, current func(re
 	return r
 }
 
-// found answers a flight with a record it read (nil: unreadable), as
-// judge says; a value due for refresh is refreshed in the background, and
-// a stale one may be replaced by its refresh (see refreshDue). nil means a
-// miss.
-func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, r *result[V]) *result[V] {
-	r, isDue := c.judge(key, r, o.noStale)
-	if isDue {
-		ds := []due[V]{{key: key, name: key, old: r}}
+// found answers a flight with what judge said of a record it read: a value
+// due for refresh is refreshed in the background, and a stale one may be
+// replaced by its refresh (see refreshDue). nil means a miss.
+func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, v verdict[V]) *result[V] {
+	if v.due {
+		ds := []due[V]{{key: key, name: key, old: v.hit}}
 		if f := c.refreshDue(ctx, ds, loadOne(load), o.store)[key]; f != nil {
 			return f
 		}
 	}
-	return r
+	return v.hit
 }
 
-// loadHeld loads k, whose lock the flight holds, and commits it. A load
-// that fails with a fallback (a value expired by hand) answers with the
-// fallback, stale, kept for the throttle (see endOf).
+// loadHeld loads k, whose lock the flight holds, and commits it (see
+// loadMisses).
 func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
-	rs, errs := c.loadFor(ctx, []loadKey{k}, loadOne(load), o.store)
-	if errs[0] != nil && k.fallback != nil && k.lk != nil {
-		c.cfg.emit(EventStaleServed, k.key, 0, ErrRefreshFailed)
-		return &result[V]{data: k.fallback, stale: true, at: k.locked}, nil
-	}
+	rs, errs := c.loadMisses(ctx, []loadKey{k}, loadOne(load), o.store)
 	return rs[0], errs[0]
+}
+
+// loadMisses loads the misses of keys through loadFor; a key whose load
+// failed with a fallback (a value expired by hand) is answered with the
+// fallback, stale, kept for the throttle (see endOf).
+func (c *Cache[V]) loadMisses(ctx context.Context, keys []loadKey, load loaderFunc[V], store storeChoice) ([]*result[V], []error) {
+	rs, errs := c.loadFor(ctx, keys, load, store)
+	for i, k := range keys {
+		if errs[i] != nil && k.fallback != nil && k.lk != nil {
+			c.cfg.emit(EventStaleServed, k.key, 0, ErrRefreshFailed)
+			rs[i], errs[i] = &result[V]{data: k.fallback, stale: true, at: k.locked, stamp: k.prior}, nil
+		}
+	}
+	return rs, errs
 }
 
 // redisFailed applies the failure policy to a Redis outage, or to Redis

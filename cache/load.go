@@ -128,7 +128,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 		if rs[i] != nil {
 			rs[i].at = keys[i].locked
 			if !stored[j].IsZero() && vouched[j] {
-				rs[i].at = stored[j]
+				rs[i].at, rs[i].stamp = stored[j], ends[j].stamp
 			}
 		}
 	}

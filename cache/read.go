@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/freshness"
 )
 
 // get is Get with its options read.
@@ -39,38 +38,25 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 		return zero, fmt.Errorf("cache: redis: %w", err)
 	}
 	// Counted as GetOrLoad's reads are: a hit, a stale value served, or a
-	// miss (see Stats).
-	miss := func() (V, error) {
+	// miss (see Stats); judge reports the first two.
+	var r *result[V]
+	if !errors.Is(err, redis.Nil) {
+		r = c.judge(key, c.decodeFor(key, b, at, current), o, false).hit
+	}
+	switch {
+	case r == nil:
 		c.cfg.emit(EventMiss, key, 0, nil)
 		return zero, ErrCacheMiss
-	}
-	if errors.Is(err, redis.Nil) {
-		return miss()
-	}
-	r := c.decodeFor(key, b, at, current)
-	if r == nil {
-		return miss()
-	}
-	if r.notFound != nil {
-		c.cfg.emit(EventHit, key, 0, nil)
+	case r.notFound != nil:
 		return zero, notFound(key)
+	case r.err != nil:
+		return zero, r.err
 	}
-	if r.err == nil {
-		switch c.cfg.fresh().Of(r.fresh, r.throttled, at, nil) { // Get never refreshes
-		case freshness.Expired:
-			return miss()
-		case freshness.Stale:
-			if o.noStale {
-				return miss()
-			}
-			markStale(ctx)
-			c.cfg.emit(EventStaleServed, key, 0, nil)
-		default:
-			c.cfg.emit(EventHit, key, 0, nil)
-		}
-		if c.near != nil {
-			c.near.keep(c, key, tk, r)
-		}
+	if r.stale {
+		markStale(ctx)
+	}
+	if c.near != nil {
+		c.near.keep(c, key, tk, r)
 	}
 	return c.value(r)
 }

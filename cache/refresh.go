@@ -212,11 +212,8 @@ func (c *Cache[V]) lockDue(ctx context.Context, ds []due[V], errs []error) (held
 		case err != nil:
 			errs[i] = fmt.Errorf("cache: redis: %w", err)
 		case n == 1:
-			k := loadKey{key: ds[i].key, name: ds[i].name, lk: lks[i], locked: locked, prior: ds[i].old.stamp, kept: ds[i].old.fresh.TTL}
-			if c.cfg.stale > 0 {
-				k.fallback = ds[i].old.data
-			}
-			held, idx = append(held, k), append(idx, i)
+			v := verdict[V]{prior: ds[i].old, fallback: c.cfg.stale > 0} // stale-while-revalidate keeps it for the throttle
+			held, idx = append(held, v.loadKey(ds[i].key, ds[i].name, lks[i], locked)), append(idx, i)
 		}
 	}
 	if len(orphans) > 0 {

@@ -42,36 +42,3 @@ func markStale(ctx context.Context) {
 		info.Stale = true
 	}
 }
-
-// judge decides what a flight does with a record it read (nil: unreadable)
-// by its age: a fresh value is a hit, one due for early refresh a hit with
-// its refresh due, a stale one is served (unless noStale) with its refresh
-// due, or without one while a failed refresh's throttle lasts. A nil hit
-// is a miss.
-func (c *Cache[V]) judge(key string, r *result[V], noStale bool) (hit *result[V], isDue bool) {
-	if r == nil || r.err != nil {
-		return r, false
-	}
-	if r.expired { // expired by hand (Expire): a miss, whatever the clocks say
-		return nil, false
-	}
-	switch c.cfg.fresh().Of(r.fresh, r.throttled, r.at, r.head) { // r.at is a moment ago: no clock read on a hit
-	case freshness.Fresh:
-	case freshness.Refresh:
-		isDue = true
-	case freshness.Stale:
-		if noStale {
-			return nil, false // a miss for this flight: reloaded under the lock
-		}
-		r.stale = true
-		if r.throttled && r.at.Before(r.fresh.Expiry) { // its refresh failed: retried once the throttle ends
-			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
-			return r, false
-		}
-		return r, true // EventStaleServed once it is known how (see refreshDue)
-	default:
-		return nil, false
-	}
-	c.cfg.emit(EventHit, key, 0, nil)
-	return r, isDue
-}

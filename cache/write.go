@@ -166,8 +166,8 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	b, err := c.redisio.Get(ctx, full) // from the master, as every read of the miss path
 	switch c.readReply(full, err) {
 	case readHit:
-	case readMiss:
-		return nil // nothing there
+	case readMiss: // nothing to keep as the fallback: voided as Delete voids a load in flight
+		return c.delete(ctx, []string{key})
 	default:
 		return fmt.Errorf("cache: redis: %w", err)
 	}
