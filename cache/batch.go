@@ -345,60 +345,44 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 	var orphans []*loadLock
 	for i, class := range c.round(misses, errs) {
 		k := misses[i]
-		switch class {
-		case errNone:
-		case errTransient: // a slot migrating, a failover: wait it out as GetOrLoad does
+		switch step, found := lockStepOf(class, cmds[i]); step {
+		case lockFound:
+			queued := len(b.due)
+			if r := b.hit(k, c.decode(b.ctx, k, found, at)); r == nil {
+				others = append(others, k) // unreadable, or expired already: GetOrLoad's loop deals with it
+			} else if len(b.due) > queued {
+				b.late = append(b.late, k) // answered by takeLate, with its refresh
+			} else {
+				b.take(k, r)
+			}
+		case lockTaken:
+			b.hold(k, lks[i], at)
+		case lockHeld, lockTransient:
 			others = append(others, k)
-			continue
-		case errFatal:
-			b.fail(k, fmt.Errorf("cache: redis: %w", errs[i]))
-			continue
+		case lockFatal:
+			b.fail(k, lockError(k, cmds[i]))
 		default:
-			orphans = append(orphans, lks[i]) // ours if only the reply was lost
+			orphans = append(orphans, lks[i])
 			if b.outage(ctx, k, errs[i]) {
 				lost = append(lost, k)
 			}
-			continue
-		}
-		if b.locked(k, lks[i], at, cmds[i]) {
-			others = append(others, k)
 		}
 	}
 	c.releaseLost(ctx, orphans...)
 	return others, lost
 }
 
-// locked reads key's read-or-lock reply (sent at at, with lk): a value is
-// answered, a lock taken is held; it reports whether key is to be waited
-// for (another holder, or a value GetOrLoad's loop must deal with).
-func (b *batch[V]) locked(key string, lk *loadLock, at time.Time, cmd *redis.Cmd) (wait bool) {
-	res, err := cmd.Slice()
-	switch reply, found, ok := parseLockReply(res); {
-	case err != nil || !ok:
-		b.fail(key, fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v (%v)", key, res, err))
-	case reply == lockFound:
-		queued := len(b.due)
-		if r := b.hit(key, b.c.decode(b.ctx, key, found, at)); r == nil {
-			return true // unreadable, or expired already
-		} else if len(b.due) > queued {
-			b.late = append(b.late, key) // answered by takeLate, with its refresh
-		} else {
-			b.take(key, r)
-		}
-	case reply == lockTaken:
-		h := &heldKey{loadKey: b.misses[key].loadKey(key, b.name[key], lk, at), done: make(chan struct{})}
-		b.held = append(b.held, h)
-		// Lead this process's flight of key, so that GetOrLoad callers of it
-		// share this load. If a flight already runs, it waits on the lock
-		// and is woken by the commit; nobody waits on h then.
-		b.c.group.DoChan(key, func() (any, error) {
-			<-h.done
-			return h.r, h.err
-		})
-	default:
-		return true
-	}
-	return false
+// hold keeps lk, the load lock of key taken by a call sent at at, for the
+// batch's load, and leads this process's flight of key, so that GetOrLoad
+// callers of it share this load. If a flight already runs, it waits on the
+// lock and is woken by the commit; nobody waits on h then.
+func (b *batch[V]) hold(key string, lk *loadLock, at time.Time) {
+	h := &heldKey{loadKey: b.misses[key].loadKey(key, b.name[key], lk, at), done: make(chan struct{})}
+	b.held = append(b.held, h)
+	b.c.group.DoChan(key, func() (any, error) {
+		<-h.done
+		return h.r, h.err
+	})
 }
 
 // takeLate answers the values the read-or-lock found that call for a

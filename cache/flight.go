@@ -242,7 +242,8 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 	var w waiter
 	for attempt := 1; ; attempt++ {
 		at := time.Now()
-		res, err := readOrLockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), skip).Slice()
+		cmd := readOrLockScript.Run(ctx, c.rdb, lk.keys(), lk.token, c.cfg.lockTTL.Milliseconds(), skip)
+		err := cmd.Err()
 		if err != nil && !w.start.IsZero() && ctx.Err() != nil && !isReply(err) {
 			// The load timeout fell inside a retry: the wait's budget ran
 			// out, not Redis. The lock may be ours if only the reply was lost.
@@ -251,35 +252,30 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 			c.waited(key, w.start, err)
 			return nil, err
 		}
-		switch c.redisCall(key, err) {
-		case errNone:
-			switch reply, b, ok := parseLockReply(res); {
-			case !ok:
-				return nil, fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v", key, res)
-			case reply == lockFound:
-				v := c.judge(key, c.decode(ctx, key, b, at), o, true)
-				if r := c.found(ctx, key, load, o, v); r != nil {
-					c.waited(key, w.start, nil)
-					return r, nil
-				}
-				skip, miss = b, v
-			case reply == lockTaken:
+		switch step, b := lockStepOf(c.redisCall(key, err), cmd); step {
+		case lockFound:
+			v := c.judge(key, c.decode(ctx, key, b, at), o, true)
+			if r := c.found(ctx, key, load, o, v); r != nil {
 				c.waited(key, w.start, nil)
-				return c.loadHeld(ctx, miss.loadKey(key, key, lk, at), load, o)
-			case w.start.IsZero():
+				return r, nil
+			}
+			skip, miss = b, v
+		case lockTaken:
+			c.waited(key, w.start, nil)
+			return c.loadHeld(ctx, miss.loadKey(key, key, lk, at), load, o)
+		case lockHeld:
+			if w.start.IsZero() {
 				w.start = time.Now()
 				c.cfg.emit(EventLockContended, key, 0, nil)
 			}
-		case errTransient: // a slot migrating, a failover: wait it out like a held lock
+		case lockTransient:
 			w.transient = err
 			if !c.cfg.retry.wait(ctx, attempt) { // no longer transient: say what it was
 				return nil, fmt.Errorf("cache: redis: still failing after %d retries: %w", attempt-1, err)
 			}
 			continue
-		case errFatal:
-			return nil, fmt.Errorf("cache: redis: %w", err)
-		case errFull: // OOM refused the lock's SET, which is the script's first write: nothing to release
-			return c.redisFailed(ctx, key, err, load, o)
+		case lockFatal:
+			return nil, lockError(key, cmd)
 		default:
 			return c.lostReply(ctx, key, lk, err, w.transient, load, o)
 		}

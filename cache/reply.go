@@ -8,6 +8,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -45,29 +46,54 @@ func verdictOf(class errClass, err error) readVerdict {
 	return readOutage
 }
 
-// lockReply is what read_or_lock.lua answered.
-type lockReply uint8
+// lockStep is what one read-or-lock call's reply calls for.
+type lockStep uint8
 
 const (
-	lockFound lockReply = iota // a value: judge it
-	lockTaken                  // the load lock is ours
-	lockHeld                   // another holder has it: wait
+	lockFound     lockStep = iota // a value: judge it
+	lockTaken                     // the load lock is ours: load
+	lockHeld                      // another holder has it: wait for its commit
+	lockTransient                 // a slot migrating, a failover: wait it out like a held lock
+	lockFatal                     // misconfiguration, or a reply the script cannot give: the caller's error
+	lockLost                      // an outage (or OOM): the lock is ours if only the reply was lost; the failure policy decides
 )
 
-// parseLockReply reads read_or_lock.lua's reply: the record found, or
-// whether the lock was taken.
-func parseLockReply(res []any) (lockReply, []byte, bool) {
-	if len(res) != 2 {
-		return 0, nil, false
+// lockStepOf says what a read-or-lock reply (class: its error's, as
+// redisCall or round classified it) calls for, with the record found.
+func lockStepOf(class errClass, cmd *redis.Cmd) (lockStep, []byte) {
+	switch class {
+	case errNone:
+	case errTransient:
+		return lockTransient, nil
+	case errFatal:
+		return lockFatal, nil
+	default:
+		return lockLost, nil
+	}
+	res, err := cmd.Slice()
+	if err != nil || len(res) != 2 {
+		return lockFatal, nil
 	}
 	switch {
 	case res[0] == int64(1):
 		s, ok := res[1].(string)
-		return lockFound, []byte(s), ok
+		if !ok {
+			return lockFatal, nil
+		}
+		return lockFound, []byte(s)
 	case res[1] == int64(1):
-		return lockTaken, nil, true
+		return lockTaken, nil
 	}
-	return lockHeld, nil, true
+	return lockHeld, nil
+}
+
+// lockError is the caller's error for a read-or-lock of key that ended in
+// lockFatal.
+func lockError(key string, cmd *redis.Cmd) error {
+	if err := cmd.Err(); err != nil {
+		return fmt.Errorf("cache: redis: %w", err)
+	}
+	return fmt.Errorf("cache: redis: read-or-lock of %q: unexpected reply %v", key, cmd.Val())
 }
 
 // verdict is what one record read means for one caller.
