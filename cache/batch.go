@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/redisio"
 )
 
@@ -40,6 +41,7 @@ func (c *Cache[V]) getOrLoadMany(ctx context.Context, keys []string, loadMany lo
 		}
 	}
 	b.vals = make(map[string]V, len(b.keys))
+	b.readNear()
 	if len(b.keys) == 0 {
 		return b.vals, nil
 	}
@@ -74,6 +76,10 @@ type batch[V any] struct {
 	due    []due[V]              // values read that call for a refresh, not started yet
 	late   []string              // keys the read-or-lock found, answered by takeLate
 	misses map[string]verdict[V] // what the reads found at keys to reload (see verdict)
+	// tickets are the near cache's tickets for keys, taken before any
+	// read: a result is kept in memory only if no write of its key came
+	// since (see near.keep). Read-only once run starts.
+	tickets map[string]coherence.Ticket
 
 	mu    sync.Mutex       // protects vals, errs and stale
 	vals  map[string]V     // by the caller's key
@@ -126,9 +132,37 @@ func (b *batch[V]) fail(key string, err error) {
 	b.errs[key] = err
 }
 
+// readNear answers the keys memory holds, as GetOrLoad's first step does,
+// and takes the tickets of the others, whose results memory then keeps.
+func (b *batch[V]) readNear() {
+	c := b.c
+	if c.near == nil {
+		return
+	}
+	o := b.opts
+	remaining := b.keys[:0]
+	for _, k := range b.keys {
+		if !o.force && !o.noStale && !o.skipNear {
+			if v, ok := c.nearGet(b.name[k]); ok {
+				b.vals[b.name[k]] = v
+				continue
+			}
+		}
+		remaining = append(remaining, k)
+	}
+	b.keys = remaining
+	b.tickets = make(map[string]coherence.Ticket, len(b.keys))
+	for _, k := range b.keys {
+		b.tickets[k] = c.nearTicket(k)
+	}
+}
+
 // take hands result r of key to the caller: its value, or nothing for a
-// not-found.
+// not-found; memory keeps it as GetOrLoad's does.
 func (b *batch[V]) take(key string, r *result[V]) {
+	if b.c.near != nil {
+		b.c.near.keep(b.c, key, b.tickets[key], r)
+	}
 	v, err := b.c.value(r)
 	switch {
 	case errors.Is(err, ErrNotFound):

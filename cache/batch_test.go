@@ -1065,3 +1065,45 @@ func TestGetOrLoadManyCallOptions(t *testing.T) {
 	require.GreaterOrEqual(t, len(calls), 3, "NoStale loads the stale keys")
 	assert.ElementsMatch(t, keys, calls[2])
 }
+
+// GetOrLoadMany reads memory and fills it, as GetOrLoad does, with the same
+// promise: a value another process Set is never served from memory after
+// the Set returned.
+func TestGetOrLoadManyReadsAndFillsTheNearCache(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t)
+	c, cmds, ev := newNearCacheCounting(t, p)
+	other, _, _ := newNearCache(t, p)
+	keys := []string{"a", "b", "c"}
+	var loads atomic.Int64
+	loadMany := func(_ context.Context, ks []string) (map[string]product, error) {
+		loads.Add(1)
+		m := map[string]product{}
+		for _, k := range ks {
+			m[k] = product{ID: k}
+		}
+		return m, nil
+	}
+	// Memory keeps a read only once its reply follows the near cache's
+	// tracking: read until every key is served from memory.
+	require.True(t, eventually(func() bool {
+		m, err := c.GetOrLoadMany(t.Context(), keys, loadMany)
+		require.NoError(t, err)
+		require.Len(t, m, 3)
+		hits := ev.get(EventNearHit)
+		_, err = c.GetOrLoadMany(t.Context(), keys, loadMany)
+		require.NoError(t, err)
+		return ev.get(EventNearHit)-hits == 3
+	}), "GetOrLoadMany never served the batch from memory")
+	gets := cmds.get("get") + cmds.get("mget") + cmds.get("evalsha") + cmds.get("eval")
+	m, err := c.GetOrLoadMany(t.Context(), keys, loadMany)
+	require.NoError(t, err)
+	assert.Equal(t, "b", m["b"].ID)
+	assert.Equal(t, gets, cmds.get("get")+cmds.get("mget")+cmds.get("evalsha")+cmds.get("eval"), "a batch held in memory still read Redis")
+	assert.Equal(t, int64(1), loads.Load())
+
+	require.NoError(t, other.Set(t.Context(), "b", product{ID: "b2"}))
+	m, err = c.GetOrLoadMany(t.Context(), keys, loadMany)
+	require.NoError(t, err)
+	assert.Equal(t, "b2", m["b"].ID, "memory served a value another process's Set replaced")
+}

@@ -121,7 +121,9 @@ func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx cont
 // each, with a few round trips for the whole batch instead of a few per key:
 // one pipelined GET for all keys, one pipelined read-or-lock for the misses,
 // one call of loadMany for the keys whose load lock this call took, and one
-// pipelined fenced commit. loadMany receives only those keys (the caller's
+// pipelined fenced commit; keys the near cache holds are answered from
+// memory first, and the values read or loaded fill it, as GetOrLoad's do
+// (with the same promise). loadMany receives only those keys (the caller's
 // keys, without the prefix) and returns the values it found by key; a key it
 // leaves out of the map does not exist: it is cached as not found for the
 // not-found TTL (see [WithNotFoundTTL]) and left out of the result, as is a
