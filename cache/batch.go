@@ -157,9 +157,9 @@ func (b *batch[V]) readNear() {
 	}
 }
 
-// take hands result r of key to the caller: its value, or nothing for a
+// answerKey hands result r of key to the caller: its value, or nothing for a
 // not-found; memory keeps it as GetOrLoad's does.
-func (b *batch[V]) take(key string, r *result[V]) {
+func (b *batch[V]) answerKey(key string, r *result[V]) {
 	if b.c.near != nil {
 		b.c.near.keep(b.c, key, b.tickets[key], r)
 	}
@@ -171,10 +171,10 @@ func (b *batch[V]) take(key string, r *result[V]) {
 		b.fail(key, err)
 		return
 	}
-	b.put(b.name[key], v, r.stale)
+	b.setValue(b.name[key], v, r.stale)
 }
 
-func (b *batch[V]) put(name string, v V, stale bool) {
+func (b *batch[V]) setValue(name string, v V, stale bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.vals[name] = v
@@ -233,7 +233,7 @@ func (b *batch[V]) run() {
 	defer cancel()
 	var waits sync.WaitGroup
 	defer waits.Wait()
-	defer b.recover(ctx)
+	defer b.recoverPanic(ctx)
 
 	if !c.brk.Allow() {
 		var uncached []string
@@ -258,9 +258,9 @@ func (b *batch[V]) run() {
 	b.takeLate(ctx)
 }
 
-// recover, deferred by run, turns a panic into the error of every key not
+// recoverPanic, deferred by run, turns a panic into the error of every key not
 // answered yet and gives up the locks still held.
-func (b *batch[V]) recover(ctx context.Context) {
+func (b *batch[V]) recoverPanic(ctx context.Context) {
 	p := recover()
 	if p == nil {
 		return
@@ -287,7 +287,7 @@ func (b *batch[V]) waitFor(key string) {
 	case err != nil:
 		b.fail(key, err)
 	default:
-		b.put(name, v, false)
+		b.setValue(name, v, false)
 	}
 }
 
@@ -328,16 +328,16 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 			hits[i] = b.hit(k, c.decodeFor(k, raws[i], at, current))
 		}
 	}
-	fresh := b.refresh(ctx)
+	refreshed := b.refresh(ctx)
 	for i, class := range classes {
 		k, err := b.keys[i], errs[i]
 		switch verdictOf(class, err) {
 		case readHit:
 			if hits[i] != nil {
-				if r := fresh[k]; r != nil {
+				if r := refreshed[k]; r != nil {
 					hits[i] = r
 				}
-				b.take(k, hits[i])
+				b.answerKey(k, hits[i])
 				continue
 			}
 			if skip == nil {
@@ -387,7 +387,7 @@ func (b *batch[V]) readOrLock(ctx context.Context, misses []string, skip map[str
 			} else if len(b.due) > queued {
 				b.late = append(b.late, k) // answered by takeLate, with its refresh
 			} else {
-				b.take(k, r)
+				b.answerKey(k, r)
 			}
 		case lockTaken:
 			b.hold(k, lks[i], at)
@@ -428,13 +428,13 @@ func (b *batch[V]) takeLate(ctx context.Context) {
 	for _, d := range b.due {
 		olds[d.key] = d.old
 	}
-	fresh := b.refresh(ctx)
+	refreshed := b.refresh(ctx)
 	for _, k := range b.late {
 		r := olds[k]
-		if f := fresh[k]; f != nil {
+		if f := refreshed[k]; f != nil {
 			r = f
 		}
-		b.take(k, r)
+		b.answerKey(k, r)
 	}
 	b.late = nil
 }
@@ -477,7 +477,7 @@ func (b *batch[V]) load(ctx context.Context, uncached []string) {
 		if i < len(held) {
 			held[i].settle(rs[i], nil)
 		}
-		b.take(k.key, rs[i])
+		b.answerKey(k.key, rs[i])
 	}
 }
 

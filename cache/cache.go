@@ -73,7 +73,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.Within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)
-	if c.cfg.near.on() && nearSupported(rdb) {
+	if c.cfg.near.enabled() && nearSupported(rdb) {
 		c.near = newNear(c)
 		runtime.AddCleanup(c, func(n *near[V]) { go n.close() }, c.near) // its connections and goroutines, too
 	}

@@ -217,7 +217,7 @@ func TestWithEventualNearCacheOptions(t *testing.T) {
 		newConfig([]Option{WithEventualNearCache(0)})
 	})
 	c := newConfig([]Option{WithoutNearCache(), WithEventualNearCache(time.Second)})
-	assert.True(t, c.near.on() && c.near.eventual, "the option turns the near cache on")
+	assert.True(t, c.near.enabled() && c.near.eventual, "the option turns the near cache on")
 	assert.Equal(t, time.Second, c.near.maxAge)
 	c = newConfig(nil)
 	assert.False(t, c.near.eventual, "strict is the default")

@@ -52,7 +52,7 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 		var v any
 		var err error
 		if own {
-			v, err = c.forced(ctx, key, load, o)
+			v, err = c.runOwnFlight(ctx, key, load, o)
 		} else {
 			v, err = c.merged(ctx, key, load, o)
 		}
@@ -84,19 +84,19 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 	}
 }
 
-// forced runs a flight of its own for a [ForceRefresh] caller, never
+// runOwnFlight runs a flight of its own for a [ForceRefresh] caller, never
 // merged with one that began before it, and returns its outcome, or
 // ctx.Err() as soon as ctx ends (the flight goes on, bounded by the load
 // timeout, and ends the goroutine when it is done).
-func (c *Cache[V]) forced(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions) (any, error) {
+func (c *Cache[V]) runOwnFlight(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions) (any, error) {
 	done := make(chan outcome, 1)
 	go func() {
 		r, err := c.flight(ctx, key, load, o)
 		done <- outcome{r, err}
 	}()
 	select {
-	case o := <-done:
-		return o.v, o.err
+	case out := <-done:
+		return out.v, out.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -216,7 +216,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 			break
 		}
 		miss = c.judge(key, c.decodeFor(key, b, at, current), o, true)
-		if r := c.found(ctx, key, load, o, miss); r != nil {
+		if r := c.answerVerdict(ctx, key, load, o, miss); r != nil {
 			return r, nil
 		}
 	case readMiss:
@@ -249,19 +249,19 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 			// out, not Redis. The lock may be ours if only the reply was lost.
 			c.releaseLost(ctx, lk)
 			err := c.notAcquired(ctx, key)
-			c.waited(key, w.start, err)
+			c.reportWait(key, w.start, err)
 			return nil, err
 		}
 		switch step, b := lockStepOf(c.redisCall(key, err), cmd); step {
 		case lockFound:
 			v := c.judge(key, c.decode(ctx, key, b, at), o, true)
-			if r := c.found(ctx, key, load, o, v); r != nil {
-				c.waited(key, w.start, nil)
+			if r := c.answerVerdict(ctx, key, load, o, v); r != nil {
+				c.reportWait(key, w.start, nil)
 				return r, nil
 			}
 			skip, miss = b, v
 		case lockTaken:
-			c.waited(key, w.start, nil)
+			c.reportWait(key, w.start, nil)
 			return c.loadHeld(ctx, miss.loadKey(key, key, lk, at), load, o)
 		case lockHeld:
 			if w.start.IsZero() {
@@ -281,7 +281,7 @@ func (c *Cache[V]) readOrLock(ctx context.Context, key string, load func(context
 		}
 		if !c.waitForHolder(ctx, key, &w, &attempt) {
 			err := c.notAcquired(ctx, key)
-			c.waited(key, w.start, err)
+			c.reportWait(key, w.start, err)
 			return nil, err
 		}
 	}
@@ -319,8 +319,8 @@ func (c *Cache[V]) lostReply(ctx context.Context, key string, lk *loadLock, err,
 	return c.redisFailed(ctx, key, err, load, o)
 }
 
-// waited reports the end of a wait for another holder, if there was one.
-func (c *Cache[V]) waited(key string, start time.Time, err error) {
+// reportWait reports the end of a wait for another holder, if there was one.
+func (c *Cache[V]) reportWait(key string, start time.Time, err error) {
 	if !start.IsZero() {
 		c.cfg.emit(EventWait, key, time.Since(start), err)
 	}
@@ -378,10 +378,10 @@ func (c *Cache[V]) decodeFor(key string, b []byte, at time.Time, current func(re
 	return r
 }
 
-// found answers a flight with what judge said of a record it read: a value
+// answerVerdict answers a flight with what judge said of a record it read: a value
 // due for refresh is refreshed in the background, and a stale one may be
 // replaced by its refresh (see refreshDue). nil means a miss.
-func (c *Cache[V]) found(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, v verdict[V]) *result[V] {
+func (c *Cache[V]) answerVerdict(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions, v verdict[V]) *result[V] {
 	if v.due {
 		ds := []due[V]{{key: key, name: key, old: v.hit}}
 		if f := c.refreshDue(ctx, ds, loadOne(load), o.store)[key]; f != nil {
@@ -400,7 +400,7 @@ func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Co
 
 // loadMisses loads the misses of keys through loadFor; a key whose load
 // failed with a fallback (a value expired by hand) is answered with the
-// fallback, stale, kept for the throttle (see endOf).
+// fallback, stale, kept for the throttle (see lockEndFor).
 func (c *Cache[V]) loadMisses(ctx context.Context, keys []loadKey, load loaderFunc[V], store storeChoice) ([]*result[V], []error) {
 	rs, errs := c.loadFor(ctx, keys, load, store)
 	for i, k := range keys {

@@ -115,7 +115,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 			}
 			continue
 		}
-		ends = append(ends, c.endOf(k, rs[i], errs[i], opts, took, st))
+		ends = append(ends, c.lockEndFor(k, rs[i], errs[i], opts, took, st))
 		held = append(held, i)
 	}
 	stored := c.endLocks(ctx, ends)
@@ -159,11 +159,11 @@ func (c *Cache[V]) resultOf(key string, v V, ok bool) (*result[V], error) {
 	return &result[V]{data: data}, nil
 }
 
-// endOf is how k's lock ends after its load: the record to commit, or a
+// lockEndFor is how k's lock ends after its load: the record to commit, or a
 // release (no record) when there is nothing to store. st is the load's
 // stamp (nil without WithTags): the value gets the call's, the loader's and
 // the prior value's tags.
-func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, took time.Duration, st *record.Stamp) lockEnd {
+func (c *Cache[V]) lockEndFor(k loadKey, r *result[V], err error, opts *loadOptions, took time.Duration, st *record.Stamp) lockEnd {
 	end := lockEnd{key: k.key, lk: k.lk}
 	if st != nil {
 		st = &record.Stamp{Clock: st.Clock, Tags: tags.Merge(opts.tags, k.priorTags())}
@@ -195,9 +195,9 @@ func (c *Cache[V]) endOf(k loadKey, r *result[V], err error, opts *loadOptions, 
 // stored with TTL(d) keeps d, whoever refreshes it), else the Cache's.
 func (c *Cache[V]) ttlFor(opts *loadOptions, k loadKey) time.Duration {
 	if k.kept > 0 {
-		return opts.ttl.or(k.kept)
+		return opts.ttl.orDefault(k.kept)
 	}
-	return opts.ttl.or(c.cfg.ttl)
+	return opts.ttl.orDefault(c.cfg.ttl)
 }
 
 // priorTags are the tags of the value k replaces.
@@ -225,7 +225,7 @@ func (c *Cache[V]) wrap(data []byte, took, ttl time.Duration, st *record.Stamp) 
 	if !c.cfg.withFreshness() {
 		return record.Build(0, record.Freshness{}, st, data), ttl
 	}
-	px = addSat(ttl, c.cfg.fresh().KeepPast(took))
+	px = addSat(ttl, c.cfg.freshnessPolicy().KeepPast(took))
 	if st != nil {
 		px = min(px, tagMemory)
 	}
@@ -295,7 +295,7 @@ func (c *Cache[V]) endLocks(ctx context.Context, ends []lockEnd) []time.Time {
 		}
 		at := time.Now()
 		cmds := c.eval(ctx, redisio.ScriptRun{Script: commitScript, Src: commitLua, Calls: commits}, redisio.ScriptRun{Script: unlockScript, Src: unlockLua, Calls: releases})
-		retry := c.ended(ends, append(ci, ri...), cmds, stored, at)
+		retry := c.readLockEnds(ends, append(ci, ri...), cmds, stored, at)
 		if len(retry) > 0 && !c.cfg.retry.wait(ctx, attempt) {
 			for i, err := range retry {
 				c.report(ends[i].key, fmt.Errorf("cache: end lock of %q: %w", ends[i].key, err))
@@ -307,10 +307,10 @@ func (c *Cache[V]) endLocks(ctx context.Context, ends []lockEnd) []time.Time {
 	return stored
 }
 
-// ended reads one round of endLocks (cmds[j] ended ends[idx[j]], sent at
+// readLockEnds reads one round of endLocks (cmds[j] ended ends[idx[j]], sent at
 // at), marks what was stored and returns the ends to retry, with their
 // errors.
-func (c *Cache[V]) ended(ends []lockEnd, idx []int, cmds []*redis.Cmd, stored []time.Time, at time.Time) (retry map[int]error) {
+func (c *Cache[V]) readLockEnds(ends []lockEnd, idx []int, cmds []*redis.Cmd, stored []time.Time, at time.Time) (retry map[int]error) {
 	keys, errs := make([]string, len(cmds)), make([]error, len(cmds))
 	for j, cmd := range cmds {
 		keys[j], errs[j] = ends[idx[j]].key, cmd.Err()

@@ -29,8 +29,8 @@ type ttlChoice struct {
 	set bool
 }
 
-// or is the chosen TTL, else def.
-func (t ttlChoice) or(def time.Duration) time.Duration {
+// orDefault is the chosen TTL, else def.
+func (t ttlChoice) orDefault(def time.Duration) time.Duration {
 	if t.set {
 		return t.d
 	}

@@ -54,9 +54,9 @@ func (c *Cache[V]) merged(ctx context.Context, key string, load func(context.Con
 	}
 	flights.Run(fc)
 	select {
-	case o := <-fc.done:
+	case out := <-fc.done:
 		c.reuse(fc)
-		return o.v, o.err
+		return out.v, out.err
 	case <-ctx.Done():
 		return nil, ctx.Err() // a worker may still run fc's flight and send to fc: never reuse it
 	}

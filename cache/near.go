@@ -55,7 +55,7 @@ type nearConfig struct {
 }
 
 // on reports whether the Cache keeps a near cache.
-func (n *nearConfig) on() bool { return !n.off }
+func (n *nearConfig) enabled() bool { return !n.off }
 
 // validate checks the near-cache options and fills in the defaults.
 func (n *nearConfig) validate() error {
@@ -66,7 +66,7 @@ func (n *nearConfig) validate() error {
 		n.lease = defaultNearLease
 	}
 	switch {
-	case !n.on():
+	case !n.enabled():
 		n.writer = &nearWriter{} // its writes still wait for the others' near caches
 		return nil
 	case n.eventual && n.maxAge <= 0:

@@ -60,7 +60,7 @@ func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[
 			timedOut = true
 		}
 	}
-	fresh := map[string]*result[V]{}
+	replaced := map[string]*result[V]{}
 	for _, d := range ds {
 		if !d.old.stale {
 			continue
@@ -71,14 +71,14 @@ func (c *Cache[V]) refreshDue(ctx context.Context, ds []due[V], load loaderFunc[
 		case timedOut:
 			why = fmt.Errorf("cache: refresh of %q still running after the soft load timeout (%v): %w", d.key, soft, context.DeadlineExceeded)
 		case r != nil && !r.stale:
-			fresh[d.key] = r
+			replaced[d.key] = r
 			continue
 		default:
 			why = ErrRefreshFailed
 		}
 		c.cfg.emit(EventStaleServed, d.key, 0, why)
 	}
-	return fresh
+	return replaced
 }
 
 // refreshMany starts one background refresh of the keys of ds that this
@@ -118,17 +118,17 @@ func (c *Cache[V]) refreshMany(ctx context.Context, ds []due[V], load loaderFunc
 		began := time.Now()
 		rs, errs := c.refreshLocked(ctx, mine, load, store)
 		took := time.Since(began)
-		fresh := make(map[string]*result[V], len(mine))
+		results := make(map[string]*result[V], len(mine))
 		for i, d := range mine {
 			if rs[i] != nil || errs[i] != nil {
 				c.cfg.emit(EventRefresh, d.key, took, errs[i])
 			}
 			c.refreshed(d.key, rs[i], errs[i])
 			if rs[i] != nil {
-				fresh[d.key] = rs[i]
+				results[d.key] = rs[i]
 			}
 		}
-		ch <- fresh
+		ch <- results
 	})
 	return started, ch
 }

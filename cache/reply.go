@@ -133,7 +133,7 @@ func (c *Cache[V]) judge(key string, r *result[V], o callOptions, loads bool) ve
 		head = nil
 	}
 	due := false
-	switch c.cfg.fresh().Of(r.fresh, r.throttled, r.at, head) { // r.at is a moment ago: no clock read on a hit
+	switch c.cfg.freshnessPolicy().Of(r.fresh, r.throttled, r.at, head) { // r.at is a moment ago: no clock read on a hit
 	case freshness.Fresh:
 	case freshness.Refresh:
 		due = loads

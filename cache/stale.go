@@ -10,13 +10,13 @@ import (
 	"github.com/stampede-go/stampede/internal/freshness"
 )
 
-// fresh is the Cache's early refresh and stale serving, which judge what
+// freshnessPolicy is the Cache's early refresh and stale serving, which judge what
 // a read value's age calls for (see internal/freshness).
-func (c *config) fresh() freshness.Policy { return freshness.Policy{Beta: c.beta, Stale: c.stale} }
+func (c *config) freshnessPolicy() freshness.Policy { return freshness.Policy{Beta: c.beta, Stale: c.stale} }
 
 // withFreshness reports whether records carry freshness metadata: only
 // when something reads it.
-func (c *config) withFreshness() bool { return c.beta > 0 || c.stale > 0 || c.near.on() }
+func (c *config) withFreshness() bool { return c.beta > 0 || c.stale > 0 || c.near.enabled() }
 
 // ResultInfo tells a caller about the value [Cache.GetOrLoad] or [Cache.Get]
 // returned; see [WithResultInfo].

@@ -33,7 +33,7 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	if err := c.checkTags(o.store.tags); err != nil {
 		return err
 	}
-	ttl := o.store.ttl.or(c.cfg.ttl)
+	ttl := o.store.ttl.orDefault(c.cfg.ttl)
 	if ttl <= 0 { // already expired: the older value must not stay either
 		return c.delete(ctx, []string{key})
 	}
