@@ -1,4 +1,4 @@
-// competitors_internal_test.go checks, on every CI run, that each adapter
+// This file checks, on every CI run, that each adapter
 // still loads a cold key once and then serves it: the benchmarks themselves
 // are not run in CI, so this is what catches an adapter broken by an
 // upgrade.

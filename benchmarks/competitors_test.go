@@ -1,4 +1,4 @@
-// competitors_test.go adapts each library under comparison to one small
+// This file adapts each library under comparison to one small
 // interface, so the benchmarks drive them all the same way.
 package benchmarks
 

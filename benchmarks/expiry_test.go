@@ -1,4 +1,4 @@
-// expiry_test.go measures what happens each time a hot key's TTL runs out
+// This file measures what happens each time a hot key's TTL runs out
 // under steady traffic: BenchmarkExpiry/<competitor>/inst=I/g=G, where one
 // op is one expiry of the key.
 package benchmarks

@@ -1,4 +1,4 @@
-// harness_test.go is the machinery the benchmarks share: the private Redis,
+// This file is the machinery the benchmarks share: the private Redis,
 // the value type and its loader, Redis command counting and latency
 // percentiles.
 package benchmarks

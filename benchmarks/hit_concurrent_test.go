@@ -1,4 +1,4 @@
-// hit_concurrent_test.go measures hits under concurrency, where read
+// This file measures hits under concurrency, where read
 // coalescing shows: BenchmarkHitConcurrent/impl=<competitor>/g=<goroutines>,
 // g goroutines of one process reading 10,000 warm keys spread over the key
 // space, with Background contexts. Besides ns/op (per hit) it reports the

@@ -1,4 +1,4 @@
-// hit_tags_test.go measures what tags cost a hit:
+// This file measures what tags cost a hit:
 // BenchmarkHitTags/near=<on|skip|off>/tags=<off|0|3>/keys=<hot|spread10k>:
 // near=on hits memory, near=skip reads Redis past a near cache (SkipNear:
 // the tag versions come from memory), near=off has no near cache (a hit

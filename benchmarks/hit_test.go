@@ -1,4 +1,4 @@
-// hit_test.go measures the path every request takes once a key is cached:
+// This file measures the path every request takes once a key is cached:
 // BenchmarkHit/impl=<competitor>/ctx=<background|cancellable>/keys=<hot|spread10k>.
 // The parts are key=value so that benchstat can put competitors side by side
 // (-col /impl) and compare the two contexts (-col /ctx).

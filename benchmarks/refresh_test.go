@@ -1,4 +1,4 @@
-// refresh_test.go measures stampede's own answers to expiry (issue 9):
+// This file measures stampede's own answers to expiry (issue 9):
 //
 //   - BenchmarkRefresh/ttl=T/refresh=on|off/inst=I/g=G: a hot key under
 //     steady traffic, with early refresh (XFetch, the default) and without

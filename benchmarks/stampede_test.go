@@ -1,4 +1,4 @@
-// stampede_test.go measures a cold-key stampede: BenchmarkStampede/
+// This file measures a cold-key stampede: BenchmarkStampede/
 // <competitor>/inst=I/g=G, where one op is one fresh key asked for at the
 // same moment by I instances times G goroutines.
 package benchmarks

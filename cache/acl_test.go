@@ -1,4 +1,4 @@
-// acl_test.go runs the whole read path as a Redis ACL user restricted to the
+// This file runs the whole read path as a Redis ACL user restricted to the
 // cache's prefix, as a service sharing a Redis with others is configured: the
 // locks were once "{T}:stampede:lock:key" and the channels
 // "{T}:stampede:notify", outside "~product:* &product:*", and every call

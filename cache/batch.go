@@ -1,4 +1,4 @@
-// batch.go is GetOrLoadMany: the keys read in one pipelined round, the
+// This file is GetOrLoadMany: the keys read in one pipelined round, the
 // misses read-or-locked in a second, one loader call for every key this
 // caller locked, and one fenced commit round; keys another holder is loading
 // are waited for as GetOrLoad waits.

@@ -1,4 +1,4 @@
-// batch_test.go proves GetOrLoadMany against a real Redis: round trips per
+// This file proves GetOrLoadMany against a real Redis: round trips per
 // batch, one load per key across instances and single-key callers, the
 // fenced commit, errors, panics and cancellation; and measures it against
 // GetOrLoad calls in parallel.

@@ -1,4 +1,4 @@
-// breaker_test.go proves that an unreachable Redis costs a handful of dial
+// This file proves that an unreachable Redis costs a handful of dial
 // attempts, not one per call, and that the breaker closes again (issue 8.6).
 
 package cache

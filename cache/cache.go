@@ -1,4 +1,4 @@
-// cache.go is the package's public face: the Cache, New, and every
+// This file is the package's public face: the Cache, New, and every
 // operation with its documentation; the work is in the files they name.
 
 package cache

@@ -1,4 +1,4 @@
-// callopts_test.go checks the per-call options against the real Redis:
+// This file checks the per-call options against the real Redis:
 // the TTL a call stores, a forced refresh that still loads once, a call
 // that refuses stale values.
 

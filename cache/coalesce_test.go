@@ -1,4 +1,4 @@
-// coalesce_test.go tests what the cache promises of its coalesced reads
+// This file tests what the cache promises of its coalesced reads
 // (internal/redisio tests the coalescing itself).
 
 package cache

@@ -1,4 +1,4 @@
-// codec.go defines how values become bytes (Codec); internal/record wraps
+// This file defines how values become bytes (Codec); internal/record wraps
 // those bytes in the record stored in Redis.
 
 package cache

@@ -1,4 +1,4 @@
-// codec_test.go checks the JSON codec (the record format's tests are in
+// This file checks the JSON codec (the record format's tests are in
 // internal/record).
 
 package cache

@@ -1,4 +1,4 @@
-// errors.go defines the errors the package returns and how a loader panic
+// This file defines the errors the package returns and how a loader panic
 // becomes one.
 
 package cache

@@ -1,4 +1,4 @@
-// errors_test.go checks the errors the calls return: none of their work for
+// This file checks the errors the calls return: none of their work for
 // a context already ended, one line each, the key named once, and the same
 // not-found on every path.
 

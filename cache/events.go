@@ -1,4 +1,4 @@
-// events.go is what the cache reports for metrics and logs: one Event per
+// This file is what the cache reports for metrics and logs: one Event per
 // step, sent to the function given to WithObserver. The cache depends on no
 // metrics library; adapters (OpenTelemetry, slog) live in their own modules.
 

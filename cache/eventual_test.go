@@ -1,4 +1,4 @@
-// eventual_test.go tests WithEventualNearCache: nobody waits for such a
+// This file tests WithEventualNearCache: nobody waits for such a
 // process, frozen or not, whatever mode the writer has; invalidations still
 // drop its memory; the max age bounds how old a value it serves can be when
 // they do not come; its own writes still wait for the strict near caches

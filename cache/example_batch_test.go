@@ -1,4 +1,4 @@
-// example_batch_test.go shows GetOrLoadMany as a page of products is read:
+// This file shows GetOrLoadMany as a page of products is read:
 // one query for the products the cache lacks, whatever their number.
 
 package cache_test

@@ -1,4 +1,4 @@
-// example_getset_test.go shows the direct access to the cache: Get, which
+// This file shows the direct access to the cache: Get, which
 // reads without loading, and Set, the write-through after a change of the
 // source. Like every example with an Output comment, they run in CI against
 // the test Redis (REDIS_ADDR).

@@ -1,4 +1,4 @@
-// example_loadopts_test.go shows a loader deciding about the value it
+// This file shows a loader deciding about the value it
 // returns: its TTL (SetTTL) or that it must not be cached (DoNotCache).
 
 package cache_test

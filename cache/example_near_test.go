@@ -1,4 +1,4 @@
-// example_near_test.go shows the near cache: hot values served from process
+// This file shows the near cache: hot values served from process
 // memory, dropped when their key is written anywhere.
 
 package cache_test

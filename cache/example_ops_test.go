@@ -1,4 +1,4 @@
-// example_ops_test.go shows the operations users of FusionCache and
+// This file shows the operations users of FusionCache and
 // go-redis/cache look for: DeleteByTag, Clear, Expire, SkipNear and Stats.
 
 package cache_test

@@ -1,4 +1,4 @@
-// example_options_test.go shows options a service sets once, in New: an
+// This file shows options a service sets once, in New: an
 // observer for metrics and a codec other than JSON.
 
 package cache_test

@@ -1,4 +1,4 @@
-// example_stale_test.go shows the work the cache does in the background so
+// This file shows the work the cache does in the background so
 // that callers need not wait: stale values served while the database fails
 // (WithStale, WithResultInfo), a short wait for the refresh
 // (WithSoftLoadTimeout), a hot key refreshed before it expires

@@ -1,4 +1,4 @@
-// example_test.go shows the package's use as users copy it: reading through
+// This file shows the package's use as users copy it: reading through
 // the cache, options, Delete after a write, the error hook with log/slog,
 // FailClosed, a Redis Cluster client. Every example runs in CI, its Output
 // checked, against the test Redis, whose address TestMain puts in

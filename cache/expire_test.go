@@ -1,4 +1,4 @@
-// expire_test.go: Expire makes the next read load anew, in any process;
+// This file Expire makes the next read load anew, in any process;
 // under WithStale the old value is the fallback of a failed load.
 
 package cache

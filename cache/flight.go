@@ -1,4 +1,4 @@
-// flight.go is GetOrLoad's flight, the first half of the miss path: merge,
+// This file is GetOrLoad's flight, the first half of the miss path: merge,
 // read, read-or-lock, wait; load.go loads and commits.
 
 package cache

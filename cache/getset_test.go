@@ -1,4 +1,4 @@
-// getset_test.go proves Get (a read that never loads) and Set (a write that
+// This file proves Get (a read that never loads) and Set (a write that
 // wins over any load in flight).
 
 package cache

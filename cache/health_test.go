@@ -1,4 +1,4 @@
-// health_test.go proves that a Redis outage is visible by default (issue
+// This file proves that a Redis outage is visible by default (issue
 // 19.1): logged once at its first failure, named in the breaker's error,
 // told by Ping.
 

@@ -1,4 +1,4 @@
-// helpers_test.go holds what the tests share: clients, keys, a counting
+// This file holds what the tests share: clients, keys, a counting
 // loader and a Redis command counter.
 
 package cache

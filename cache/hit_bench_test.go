@@ -1,4 +1,4 @@
-// hit_bench_test.go measures a hit against a raw go-redis GET + decode in
+// This file measures a hit against a raw go-redis GET + decode in
 // the same run, with a Background and a cancellable context; the
 // comparison with other libraries is in the benchmarks module.
 

@@ -1,4 +1,4 @@
-// invalidation_test.go proves that a Delete in another instance is seen by
+// This file proves that a Delete in another instance is seen by
 // every caller that begins after it returns, even one that joins a flight
 // begun before it (issue 8.1).
 

@@ -1,4 +1,4 @@
-// keys_test.go proves the naming of load locks and notification channels:
+// This file proves the naming of load locks and notification channels:
 // in the value's slot, one-to-one, under the value key (or the prefix), and
 // never a key the cache accepts as a value key.
 

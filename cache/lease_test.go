@@ -1,4 +1,4 @@
-// lease_test.go tests strict coherence through a Cache, piece by piece
+// This file tests strict coherence through a Cache, piece by piece
 // (internal/coherence tests the tracker alone): a process without a lease
 // serves nothing, a holder that does not acknowledge is waited for until its
 // lease ends, a lost registry makes writes wait out one lease, Close gives

@@ -1,4 +1,4 @@
-// load.go is the second half of the one miss path that GetOrLoad,
+// This file is the second half of the one miss path that GetOrLoad,
 // GetOrLoadMany and the refreshes share: one loader call for the keys whose
 // load lock the caller took (and, under FailOpen, keys Redis could not
 // serve), the locks extended meanwhile, each key's outcome turned into a

@@ -1,4 +1,4 @@
-// loader_test.go proves GetOrLoad's behaviour in one process against a real
+// This file proves GetOrLoad's behaviour in one process against a real
 // Redis: merging, locking, the fenced commit, errors and bad input.
 
 package cache

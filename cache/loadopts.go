@@ -1,4 +1,4 @@
-// loadopts.go lets a loader decide about the value it returns: how long it
+// This file lets a loader decide about the value it returns: how long it
 // is good for, or that it must not be cached, without changing the loader's
 // signature.
 

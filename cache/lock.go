@@ -1,4 +1,4 @@
-// lock.go is the load lock GetOrLoad takes on a miss, and its name. Every
+// This file is the load lock GetOrLoad takes on a miss, and its name. Every
 // script that touches it names the value key first, so that a redis.Ring
 // (which routes a script by its first key) keeps the value and its lock on
 // one shard.

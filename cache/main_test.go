@@ -1,4 +1,4 @@
-// main_test.go sets up the package's tests: the real Redis they run against,
+// This file sets up the package's tests: the real Redis they run against,
 // the child-process modes of the multi-process tests, and the leak check.
 
 package cache

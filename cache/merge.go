@@ -1,4 +1,4 @@
-// merge.go shares a key's flight among this process's concurrent callers
+// This file shares a key's flight among this process's concurrent callers
 // (x/sync/singleflight) while each caller still returns when its own context
 // ends: inline when the context cannot end, else on reused goroutines
 // (internal/workers).

@@ -1,4 +1,4 @@
-// near.go is the near cache: fresh values kept in process memory, bounded by
+// This file is the near cache: fresh values kept in process memory, bounded by
 // bytes, so that a hot key's hit is a memory read instead of a Redis round
 // trip. The store is otter (W-TinyLFU admission: a scan of cold keys does not
 // flush the hot ones); internal/coherence drops what other writes made old

@@ -1,4 +1,4 @@
-// near_test.go proves the near cache against a real Redis: hits without a
+// This file proves the near cache against a real Redis: hits without a
 // round trip, drops on every kind of write (this library, another client,
 // an expiry), the read/invalidation race, drops when the invalidation
 // connection is lost, and the byte budget.

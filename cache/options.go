@@ -1,4 +1,4 @@
-// options.go holds the functional options of [New], their defaults and
+// This file holds the functional options of [New], their defaults and
 // their validation.
 
 package cache

@@ -1,4 +1,4 @@
-// options_apply_test.go tests options that used to apply halfway (issue
+// This file tests options that used to apply halfway (issue
 // 28.7): a per-call TTL through refreshes, and replica reads with the near
 // cache.
 

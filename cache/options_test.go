@@ -1,4 +1,4 @@
-// options_test.go checks that invalid options fail loudly at New, naming the
+// This file checks that invalid options fail loudly at New, naming the
 // option.
 
 package cache

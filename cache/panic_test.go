@@ -1,4 +1,4 @@
-// panic_test.go proves that no callback a user passes (codec, observer)
+// This file proves that no callback a user passes (codec, observer)
 // crashes the process, on the caller's goroutine or on one the cache owns:
 // a codec panic comes back as a *PanicError, an observer panic goes to the
 // error hook and the call goes on.

@@ -1,4 +1,4 @@
-// perclient_test.go proves that the near caches on one Redis client share
+// This file proves that the near caches on one Redis client share
 // their tracking connections (issue 27.1): one per master, for every
 // prefix, whose loss drops the memory of every prefix.
 

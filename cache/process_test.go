@@ -1,4 +1,4 @@
-// process_test.go proves the cross-process claims with real OS processes: the
+// This file proves the cross-process claims with real OS processes: the
 // test binary re-executes itself as a child that serves callers or holds the
 // load lock, and the parent counts loads, kills and freezes it.
 

@@ -1,4 +1,4 @@
-// read.go is Get: one read of Redis (or of the near cache), no load.
+// This file is Get: one read of Redis (or of the near cache), no load.
 
 package cache
 

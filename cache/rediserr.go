@@ -1,4 +1,4 @@
-// rediserr.go is how the cache names the classes of Redis errors
+// This file is how the cache names the classes of Redis errors
 // (internal/rediserr sorts them) for its own client.
 
 package cache

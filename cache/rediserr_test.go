@@ -1,4 +1,4 @@
-// rediserr_test.go proves how the cache acts on Redis errors: transient
+// This file proves how the cache acts on Redis errors: transient
 // cluster states are waited out (issue 8.3) and misconfiguration is returned
 // under every policy (issue 8.6).
 

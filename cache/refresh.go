@@ -1,4 +1,4 @@
-// refresh.go reloads values in the background, before they expire (early
+// This file reloads values in the background, before they expire (early
 // refresh) or once they are stale, under their load locks and through the
 // same load and fenced commit as a miss (load.go), so that each runs once
 // per key across processes while callers keep getting the current value.

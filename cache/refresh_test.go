@@ -1,4 +1,4 @@
-// refresh_test.go proves early refresh: a hot key is reloaded in the
+// This file proves early refresh: a hot key is reloaded in the
 // background before it expires, once per key across instances, and no
 // caller meets a miss.
 

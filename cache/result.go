@@ -1,4 +1,4 @@
-// result.go is what a flight hands its callers: a value read or loaded,
+// This file is what a flight hands its callers: a value read or loaded,
 // or why there is none.
 
 package cache

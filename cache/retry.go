@@ -1,4 +1,4 @@
-// retry.go is the waiter's retry policy: how many more lock attempts, and the
+// This file is the waiter's retry policy: how many more lock attempts, and the
 // context-aware sleep between them.
 
 package cache

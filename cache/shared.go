@@ -1,4 +1,4 @@
-// shared.go holds what every Cache on one Redis client shares: the
+// This file holds what every Cache on one Redis client shares: the
 // notifier (one subscription per master), the near caches' tracking
 // connections (one per master, see coherence.Hub), the circuit breakers and
 // the health state (see internal/health). Ten caches of different value types on

@@ -1,4 +1,4 @@
-// shared_test.go proves that the caches on one Redis client share one set
+// This file proves that the caches on one Redis client share one set
 // of resources (issue 18): one subscribed connection per master, one
 // breaker, released by the last Close.
 

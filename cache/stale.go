@@ -1,4 +1,4 @@
-// stale.go judges a value read from Redis by its age (internal/freshness
+// This file judges a value read from Redis by its age (internal/freshness
 // decides what the age calls for), and serves values past their TTL
 // (stale-while-revalidate, stale-if-error) when WithStale allows.
 
@@ -12,7 +12,9 @@ import (
 
 // freshnessPolicy is the Cache's early refresh and stale serving, which judge what
 // a read value's age calls for (see internal/freshness).
-func (c *config) freshnessPolicy() freshness.Policy { return freshness.Policy{Beta: c.beta, Stale: c.stale} }
+func (c *config) freshnessPolicy() freshness.Policy {
+	return freshness.Policy{Beta: c.beta, Stale: c.stale}
+}
 
 // withFreshness reports whether records carry freshness metadata: only
 // when something reads it.

@@ -1,4 +1,4 @@
-// stale_test.go proves stale serving: a value past its TTL is served at once
+// This file proves stale serving: a value past its TTL is served at once
 // while one refresh runs, and goes on being served while the database fails,
 // which is retried once per throttle.
 

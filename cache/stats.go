@@ -1,4 +1,4 @@
-// stats.go counts what a Cache did, for Stats: one counter per event kind
+// This file counts what a Cache did, for Stats: one counter per event kind
 // (see internal/striped).
 
 package cache

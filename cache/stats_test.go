@@ -1,4 +1,4 @@
-// stats_test.go: Stats counts what the Cache did, and SkipNear reads past
+// This file Stats counts what the Cache did, and SkipNear reads past
 // memory.
 
 package cache

@@ -1,4 +1,4 @@
-// tags.go is tag invalidation and Clear (see WithTags). Every record of a
+// This file is tag invalidation and Clear (see WithTags). Every record of a
 // Cache with tags carries a stamp: the prefix's tag clock, read before the
 // value was loaded or written, and the value's tags. DeleteByTag and Clear
 // advance the clock and set a version key (the tag's, or the Cache's) to

@@ -1,4 +1,4 @@
-// tags_test.go checks DeleteByTag and Clear: what they remove, what they
+// This file checks DeleteByTag and Clear: what they remove, what they
 // keep, their promise across Caches on separate clients (processes, as far
 // as Redis can tell) with near caches, and bad input.
 

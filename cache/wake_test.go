@@ -1,4 +1,4 @@
-// wake_test.go proves that a Cache's waiters are woken by the holder's
+// This file proves that a Cache's waiters are woken by the holder's
 // commit or release instead of their poll, that the subscription never
 // costs a notification (commit before the subscribe, or between two waits),
 // that a dead or refused subscription falls back to the poll, and that a

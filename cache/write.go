@@ -1,4 +1,4 @@
-// write.go is Set and Delete: the write, which voids any load in flight,
+// This file is Set and Delete: the write, which voids any load in flight,
 // and its confirmation by the near caches of every process (see
 // internal/coherence).
 

@@ -1,4 +1,4 @@
-// main_test.go sets up the package's tests: the real Redis they run against
+// This file sets up the package's tests: the real Redis they run against
 // (the examples read its address from REDIS_ADDR) and the leak check.
 
 package cacheslog_test

@@ -1,4 +1,4 @@
-// slog_test.go causes the logged errors and events with real cache
+// This file causes the logged errors and events with real cache
 // operations against the test Redis (a lost lock, an unreachable Redis), and
 // feeds each kind of event to the observer for the rest.
 

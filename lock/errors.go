@@ -1,4 +1,4 @@
-// errors.go defines the errors the lock returns.
+// This file defines the errors the lock returns.
 
 package lock
 

@@ -1,4 +1,4 @@
-// example_test.go shows the standalone lock on the jobs it is for: one
+// This file shows the standalone lock on the jobs it is for: one
 // worker per customer, one instance per cron run, a repeated submission
 // refused, an oversell prevented, a stalled holder's write fenced off,
 // Redlock; then the lease by hand (Refresh, Release) and the retry

@@ -1,4 +1,4 @@
-// fence.go gives the standalone lock its fencing token: a counter next to the
+// This file gives the standalone lock its fencing token: a counter next to the
 // lock key, incremented by the script that takes the lock, so that a store
 // can refuse the writes of a holder whose lease was taken over.
 

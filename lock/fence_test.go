@@ -1,4 +1,4 @@
-// fence_test.go proves the fencing token against a real Redis: it grows with
+// This file proves the fencing token against a real Redis: it grows with
 // every acquisition from any client, a stale holder's is smaller than its
 // successor's so a fenced store refuses it, it is taken in the same script as
 // the lock, and its counter shares the lock key's slot and prefix.

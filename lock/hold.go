@@ -1,4 +1,4 @@
-// hold.go runs work while holding a lock: a watchdog renews the lease, and
+// This file runs work while holding a lock: a watchdog renews the lease, and
 // the work's context is cancelled at once when the lease is lost.
 
 package lock

@@ -1,4 +1,4 @@
-// hold_test.go proves Lock.Hold and Do: the lease is renewed while the work
+// This file proves Lock.Hold and Do: the lease is renewed while the work
 // runs, and the work's context is cancelled at once when the lease is lost.
 
 package lock

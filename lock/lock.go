@@ -1,4 +1,4 @@
-// lock.go is the Lock and its lease on one Redis: Obtain, Release, Refresh,
+// This file is the Lock and its lease on one Redis: Obtain, Release, Refresh,
 // TTL and Validity (see doc.go for the jobs it is for).
 
 package lock

@@ -1,4 +1,4 @@
-// lock_test.go proves the standalone Lock on one Redis: ownership, options,
+// This file proves the standalone Lock on one Redis: ownership, options,
 // nil safety, errors, and the intent of github.com/bsm/redislock's own tests
 // carried over to this API.
 

@@ -1,4 +1,4 @@
-// main_test.go sets up the package's tests: the real Redis they run against,
+// This file sets up the package's tests: the real Redis they run against,
 // the leak check, and the removal of the fencing counters the examples leave.
 
 package lock

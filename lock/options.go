@@ -1,4 +1,4 @@
-// options.go holds the options of the standalone lock ([Obtain],
+// This file holds the options of the standalone lock ([Obtain],
 // [ObtainQuorum], [Do]), their defaults and their validation.
 
 package lock

@@ -1,4 +1,4 @@
-// redlock.go is the Redlock algorithm: one lock over N independent Redis
+// This file is the Redlock algorithm: one lock over N independent Redis
 // masters, held while a majority of them grant it within its validity time.
 
 package lock

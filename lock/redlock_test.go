@@ -1,4 +1,4 @@
-// redlock_test.go proves ObtainQuorum against five real redis-server
+// This file proves ObtainQuorum against five real redis-server
 // processes on loopback, with some of them killed or stopped (SIGSTOP).
 
 package lock

@@ -1,4 +1,4 @@
-// retry.go is the standalone lock's retry strategy: how long Obtain and
+// This file is the standalone lock's retry strategy: how long Obtain and
 // ObtainQuorum wait before each further attempt, and when they give up.
 
 package lock

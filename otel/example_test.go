@@ -1,4 +1,4 @@
-// example_test.go shows the adapter's use; the example runs in CI against the
+// This file shows the adapter's use; the example runs in CI against the
 // test Redis, whose address TestMain puts in REDIS_ADDR.
 
 package cacheotel_test

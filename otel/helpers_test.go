@@ -1,4 +1,4 @@
-// helpers_test.go reads the recorded figures back through the SDK's manual
+// This file reads the recorded figures back through the SDK's manual
 // reader, by metric name and exact attribute set.
 
 package cacheotel_test

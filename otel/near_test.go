@@ -1,4 +1,4 @@
-// near_test.go checks the near-cache figures on a real near cache against
+// This file checks the near-cache figures on a real near cache against
 // the test Redis: hits served from memory, a key invalidated by another
 // client's write, keys evicted by a small byte budget, and a drop when the
 // invalidation connection is cut.

@@ -1,4 +1,4 @@
-// observer.go builds the instruments and the attribute sets once, and maps
+// This file builds the instruments and the attribute sets once, and maps
 // each cache event to one measurement.
 
 package cacheotel

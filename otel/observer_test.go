@@ -1,4 +1,4 @@
-// observer_test.go runs real cache operations against the test Redis and
+// This file runs real cache operations against the test Redis and
 // reads the figures back through the SDK's manual reader; it also feeds each
 // kind of event to the observer directly, for the kinds a test cannot cause
 // on demand.

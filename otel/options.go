@@ -1,4 +1,4 @@
-// options.go is the configuration of an Observer.
+// This file is the configuration of an Observer.
 
 package cacheotel
 

@@ -1,4 +1,4 @@
-// batch_cluster_test.go runs GetOrLoadMany through redis.ClusterClient on a
+// This file runs GetOrLoadMany through redis.ClusterClient on a
 // real 3-master Redis Cluster, with keys in many slots: its pipelines are
 // split by node (one round trip per master and step), and several processes
 // batching overlapping keys load each cold key once.

@@ -1,4 +1,4 @@
-// cluster_test.go runs stampedes through redis.ClusterClient on a real
+// This file runs stampedes through redis.ClusterClient on a real
 // 3-master Redis Cluster started from redis-server on loopback, and fails a
 // master over during a load: losslessly (CLUSTER FAILOVER) and with a lock
 // lost in replication (a lagging replica promoted).

@@ -1,4 +1,4 @@
-// coalesce_test.go proves on a real cluster that batched reads keep one
+// This file proves on a real cluster that batched reads keep one
 // slot's error to that slot's readers: a slot moved behind the client's
 // back answers its MGET with MOVED; its readers go on through the
 // read-or-lock script, and no other key's reader sees an error.

@@ -1,4 +1,4 @@
-// harness_test.go holds the suite's shared pieces: TestMain with the leak
+// This file holds the suite's shared pieces: TestMain with the leak
 // check (and the child mode of process_test.go), simulated processes (one Redis client and one Cache each), a
 // counting loader, an in-process toxiproxy and small wait helpers.
 package reliability_test

@@ -1,4 +1,4 @@
-// input_test.go feeds the cache bad input: empty, huge and odd-byte keys,
+// This file feeds the cache bad input: empty, huge and odd-byte keys,
 // values the codec rejects, data at the key that is not a record of ours,
 // huge values and invalid options. Each must give a clear error or a correct
 // value; nothing may panic or hang.

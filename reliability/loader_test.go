@@ -1,4 +1,4 @@
-// loader_test.go covers loaders that misbehave: slower than the lock TTL,
+// This file covers loaders that misbehave: slower than the lock TTL,
 // returning errors, panicking, and ignoring their context.
 package reliability_test
 

@@ -1,4 +1,4 @@
-// manykeys_test.go asks for thousands of cold keys at once from several
+// This file asks for thousands of cold keys at once from several
 // simulated processes: one load per key, and no goroutines or connections
 // left behind afterwards.
 package reliability_test

@@ -1,4 +1,4 @@
-// migration_test.go moves a Redis Cluster slot from one master to another
+// This file moves a Redis Cluster slot from one master to another
 // (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE), as
 // redis-cli --cluster reshard does, in the middle of a stampede on keys of
 // that slot (issue 8 item 3). While a slot migrates, a script or a DEL over

@@ -1,4 +1,4 @@
-// misconfig_test.go checks what FailOpen must not hide and what an outage
+// This file checks what FailOpen must not hide and what an outage
 // may cost (issue 8 item 6): a Redis that answers "no" (wrong or missing
 // password, a user without permission, a command renamed away) is a
 // misconfiguration, returned under every policy; a Redis that does not answer

@@ -1,4 +1,4 @@
-// mixed_test.go proves read-after-write when processes are configured
+// This file proves read-after-write when processes are configured
 // differently (issue 27.2): readers with near caches in other OS processes
 // (and, on a cluster, another client), one writer with WithoutNearCache()
 // (an admin job): no read that begins after its Set returned may get the

@@ -1,4 +1,4 @@
-// near_cluster_test.go proves the near cache on a real 3-master cluster: one
+// This file proves the near cache on a real 3-master cluster: one
 // invalidation connection per master, writes on every master reach another
 // instance's memory before Set returns (strict coherence: the marker is
 // published through the cluster bus to every master), and a slot that

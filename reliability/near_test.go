@@ -1,4 +1,4 @@
-// near_test.go proves read-after-write with the near cache on, across OS
+// This file proves read-after-write with the near cache on, across OS
 // processes (issues 21 and 22): three reader processes serve a key from
 // memory in a loop while a fourth process overwrites it with Set; no read
 // that begins after Set returned, in any process, may get the old value.

@@ -1,4 +1,4 @@
-// network_test.go injects latency, stalls, resets and cuts between the
+// This file injects latency, stalls, resets and cuts between the
 // library and Redis with an in-process toxiproxy: during a stampede, during
 // the commit and during the watchdog's lock refresh.
 package reliability_test

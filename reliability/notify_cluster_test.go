@@ -1,4 +1,4 @@
-// notify_cluster_test.go wakes waiters by notification on a real 3-master
+// This file wakes waiters by notification on a real 3-master
 // Redis Cluster: keys in slots of every master, one sharded subscription
 // per master for all of them.
 package reliability_test

@@ -1,4 +1,4 @@
-// pipeline_migration_test.go proves that GetOrLoadMany stays off go-redis's
+// This file proves that GetOrLoadMany stays off go-redis's
 // ClusterClient.Pipelined while a slot migrates (issue 17 item 9): that
 // pipeline races with itself when one node's part meets TRYAGAIN on one
 // command and ASK on another. TestGoRedisPipelineRaceDuringMigration is the

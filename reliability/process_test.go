@@ -1,4 +1,4 @@
-// process_test.go runs parts of a test in real OS processes: the test binary
+// This file runs parts of a test in real OS processes: the test binary
 // re-executes itself in a child mode (see TestMain), takes its orders from
 // the environment and stdin, and reports on stdout, one line per event.
 package reliability_test

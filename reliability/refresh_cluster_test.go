@@ -1,4 +1,4 @@
-// refresh_cluster_test.go runs early refresh and stale-if-error on a real
+// This file runs early refresh and stale-if-error on a real
 // 3-master Redis Cluster, read continuously by several simulated processes
 // (one ClusterClient and one Cache each): keys in slots of every master,
 // loads and events counted per key.

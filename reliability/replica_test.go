@@ -1,4 +1,4 @@
-// replica_test.go proves read-after-Delete on a cluster client that routes
+// This file proves read-after-Delete on a cluster client that routes
 // reads to replicas (ReadOnly, RouteRandomly) while the replicas lag: the
 // cache reads from masters whatever the client's routing (issue 17 item 2).
 package reliability_test

@@ -1,4 +1,4 @@
-// restart_test.go kills Redis with SIGKILL in the middle of a stampede and
+// This file kills Redis with SIGKILL in the middle of a stampede and
 // starts it again (empty: the test server has no persistence), as a crash of
 // a cache-only Redis does.
 package reliability_test

@@ -1,4 +1,4 @@
-// sentinel_test.go runs the cache through redis.NewFailoverClient against a
+// This file runs the cache through redis.NewFailoverClient against a
 // master, a replica and three Sentinels on loopback, and fails the master
 // over (SENTINEL FAILOVER) during stampedes, during waits and while a
 // writer deletes and sets what readers read.

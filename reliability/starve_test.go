@@ -1,4 +1,4 @@
-// starve_test.go: a process whose callers only ever hit memory must still
+// This file a process whose callers only ever hit memory must still
 // acknowledge writes and renew its lease in time (the near cache yields
 // the processor now and then), or every other process's writes wait out
 // its lease although it is alive.

@@ -1,4 +1,4 @@
-// tags_cluster_test.go proves DeleteByTag and Clear on a real 3-master
+// This file proves DeleteByTag and Clear on a real 3-master
 // cluster: values tagged on every master, served from a near cache, are
 // gone for every read that begins after either returned, including while
 // the slot of the tag versions moves to another master.

@@ -1,4 +1,4 @@
-// tails_bench_test.go measures read tails when the readers alone saturate
+// This file measures read tails when the readers alone saturate
 // the cores (issue 28 item 6): 64 goroutines per core reading 1,000 keys
 // without pause, a second client writing 100 keys a second, near cache on
 // or off.

@@ -1,4 +1,4 @@
-// write_bench_test.go measures what strict coherence costs writers (issue
+// This file measures what strict coherence costs writers (issue
 // 22): Set and Delete latency with 1, 4 and 16 other OS processes holding
 // near caches of the same keys, against the same writes without near
 // caches, and with one of 4 processes frozen (SIGSTOP) for the whole run;

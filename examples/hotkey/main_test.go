@@ -1,4 +1,4 @@
-// main_test.go runs a short demo against the test harness's real Redis and
+// This file runs a short demo against the test harness's real Redis and
 // an embedded FerretDB and checks its verdict, in one process and in several.
 package main
 

@@ -1,4 +1,4 @@
-// metrics.go is the -metrics flag: the OpenTelemetry adapter
+// This file is the -metrics flag: the OpenTelemetry adapter
 // (github.com/stampede-go/stampede/otel) on the stampede caches of this
 // process, read through the SDK's manual reader and printed as a table once
 // the strategies have run. A service would use a PeriodicReader with an OTLP

@@ -1,4 +1,4 @@
-// metrics_test.go runs a short demo with -metrics and reads the table of the
+// This file runs a short demo with -metrics and reads the table of the
 // OpenTelemetry adapter's figures: counts of events, no timing.
 
 package main

@@ -1,4 +1,4 @@
-// procs.go runs the instances as real OS processes for -procs: the binary
+// This file runs the instances as real OS processes for -procs: the binary
 // re-executes itself with the instance spec in an environment variable, and
 // each child reports progress and its tally to the parent as JSON lines on
 // stdout.

@@ -1,4 +1,4 @@
-// report.go measures one strategy (counts on both sides of each server),
+// This file measures one strategy (counts on both sides of each server),
 // works out the expiries, and prints the table, the JSON lines and the verdict.
 package main
 

@@ -1,4 +1,4 @@
-// servers.go finds or starts the Redis and MongoDB the demo runs against,
+// This file finds or starts the Redis and MongoDB the demo runs against,
 // seeds the product catalogue, and reads the servers' own counters of the
 // work done (database finds, Redis commands).
 package main

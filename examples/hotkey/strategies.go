@@ -1,4 +1,4 @@
-// strategies.go is the four ways a service instance reads the hot product
+// This file is the four ways a service instance reads the hot product
 // (naive cache-aside, per-instance singleflight, this library, this library
 // with its near cache) and the request loop that hammers it.
 package main

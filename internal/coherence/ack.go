@@ -1,4 +1,4 @@
-// ack.go is the holder's side of a write: acknowledge it once its marker came on every connection.
+// This file is the holder's side of a write: acknowledge it once its marker came on every connection.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// ack_test.go tests how a holder counts writers' markers before it acknowledges.
+// This file tests how a holder counts writers' markers before it acknowledges.
 
 package coherence
 

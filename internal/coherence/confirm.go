@@ -1,4 +1,4 @@
-// confirm.go is the writer's side: a write waits until every other holder acknowledged it or lost its lease.
+// This file is the writer's side: a write waits until every other holder acknowledged it or lost its lease.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// confirm_test.go tests the writer's side: what it waits for, and a write acknowledged.
+// This file tests the writer's side: what it waits for, and a write acknowledged.
 
 package coherence
 

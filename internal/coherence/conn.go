@@ -1,4 +1,4 @@
-// conn.go is one tracking connection: how it is opened and what its messages do.
+// This file is one tracking connection: how it is opened and what its messages do.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// doc.go tells what the package promises and how the tracker keeps it.
+// This file tells what the package promises and how the tracker keeps it.
 
 // Package coherence keeps a near cache (values in process memory) strictly
 // coherent with Redis: a read that begins after a write of its key returned,

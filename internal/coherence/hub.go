@@ -1,4 +1,4 @@
-// hub.go is what the trackers on one Redis client share: one tracking connection per master, for every prefix.
+// This file is what the trackers on one Redis client share: one tracking connection per master, for every prefix.
 
 package coherence
 

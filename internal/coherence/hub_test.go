@@ -1,4 +1,4 @@
-// hub_test.go tests the connections a hub shares: which prefixes they track, and overlapping prefixes on one connection.
+// This file tests the connections a hub shares: which prefixes they track, and overlapping prefixes on one connection.
 
 package coherence
 

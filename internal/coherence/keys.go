@@ -1,4 +1,4 @@
-// keys.go names the protocol's keys and channels, which older versions read too.
+// This file names the protocol's keys and channels, which older versions read too.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// lease.go renews this process's coherence lease: the holder's side of strict coherence.
+// This file renews this process's coherence lease: the holder's side of strict coherence.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// main_test.go sets up the tests: the real Redis they run against, and the leak check.
+// This file sets up the tests: the real Redis they run against, and the leak check.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// redial_test.go tests how often a tracking connection redials a Redis that
+// This file tests how often a tracking connection redials a Redis that
 // is down (issue 28.7).
 
 package coherence

@@ -1,4 +1,4 @@
-// registry_test.go tests where leases are registered: a name Redis does not
+// This file tests where leases are registered: a name Redis does not
 // report to the holders, the registry of earlier versions kept in step
 // during a rolling upgrade, and the fallback when an ACL refuses the name.
 

@@ -1,4 +1,4 @@
-// topology.go keeps one tracking connection per master (per shard on a Ring) while a hub has trackers.
+// This file keeps one tracking connection per master (per shard on a Ring) while a hub has trackers.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// tracker.go is the Tracker: its state, its life, and what a near cache asks of it.
+// This file is the Tracker: its state, its life, and what a near cache asks of it.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// tracker_test.go tests the Tracker's face: tickets, serving, and Close giving the lease back.
+// This file tests the Tracker's face: tickets, serving, and Close giving the lease back.
 
 package coherence
 

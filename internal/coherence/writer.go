@@ -1,4 +1,4 @@
-// writer.go is a writer without a near cache: it holds no lease and keeps no memory, yet confirms its writes like any other.
+// This file is a writer without a near cache: it holds no lease and keeps no memory, yet confirms its writes like any other.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// writer_test.go tests a writer without a near cache: acknowledged like any writer, no lease, a subscription only while needed.
+// This file tests a writer without a near cache: acknowledged like any writer, no lease, a subscription only while needed.
 
 package coherence
 

@@ -1,4 +1,4 @@
-// channel.go names the channels the commits and releases are announced on.
+// This file names the channels the commits and releases are announced on.
 
 package notify
 

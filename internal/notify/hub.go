@@ -1,4 +1,4 @@
-// hub.go holds the state of a client's subscriptions, shared by every prefix.
+// This file holds the state of a client's subscriptions, shared by every prefix.
 
 package notify
 

@@ -1,4 +1,4 @@
-// notify_test.go proves the Notifier's own promises against a real Redis.
+// This file proves the Notifier's own promises against a real Redis.
 
 package notify
 

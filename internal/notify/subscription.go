@@ -1,4 +1,4 @@
-// subscription.go is one PubSub on one master: its subscribes and its read loop.
+// This file is one PubSub on one master: its subscribes and its read loop.
 
 package notify
 

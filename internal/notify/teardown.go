@@ -1,4 +1,4 @@
-// teardown.go ends subscriptions (broken, silent, refused, idle, closed) and backs off.
+// This file ends subscriptions (broken, silent, refused, idle, closed) and backs off.
 
 package notify
 

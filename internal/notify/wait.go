@@ -1,4 +1,4 @@
-// wait.go is one wait for a key on the subscription of its master.
+// This file is one wait for a key on the subscription of its master.
 
 package notify
 

@@ -1,4 +1,4 @@
-// record_fuzz_test.go fuzzes the record decoder: any bytes found at a key
+// This file fuzzes the record decoder: any bytes found at a key
 // (another program's data, a truncated write, a newer format) must decode to
 // a valid record or ErrBad, never panic; valid records round-trip through
 // Encode, and optional metadata is skipped exactly.

@@ -1,4 +1,4 @@
-// record_test.go checks the record format: round trips, rejected bytes,
+// This file checks the record format: round trips, rejected bytes,
 // skipped metadata.
 
 package record

@@ -1,4 +1,4 @@
-// cluster_test.go tests reads and rounds on a real cluster of one master:
+// This file tests reads and rounds on a real cluster of one master:
 // keys of many slots go to the master together, each with its own reply.
 
 package redisio

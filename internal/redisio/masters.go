@@ -1,4 +1,4 @@
-// masters.go groups a cluster round by node: each command to its key's
+// This file groups a cluster round by node: each command to its key's
 // master, the commands of one node sent together, the nodes concurrently.
 // Coalesced reads and pipelined rounds both route this way.
 

@@ -1,4 +1,4 @@
-// pipeline.go sends a round of commands in one pipeline; on a cluster, one
+// This file sends a round of commands in one pipeline; on a cluster, one
 // pipeline per master, following MOVED and ASK.
 
 package redisio

@@ -1,4 +1,4 @@
-// pipeline_test.go tests Pipeline on a single server: every command gets its
+// This file tests Pipeline on a single server: every command gets its
 // reply, or the pipeline's error when it could not be sent.
 
 package redisio

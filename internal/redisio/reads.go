@@ -1,4 +1,4 @@
-// reads.go sends the reads of concurrent callers together: under load a
+// This file sends the reads of concurrent callers together: under load a
 // read costs Redis a share of one MGET instead of a GET and a system call of
 // its own.
 //

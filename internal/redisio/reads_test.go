@@ -1,4 +1,4 @@
-// reads_test.go tests the coalescing of reads against a real Redis: a lone
+// This file tests the coalescing of reads against a real Redis: a lone
 // read goes at once, the reads queued meanwhile go out as one MGET, a reader
 // leaves when its ctx ends, and each read gets its own reply.
 

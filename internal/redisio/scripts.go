@@ -1,4 +1,4 @@
-// scripts.go runs Lua scripts, many calls in one pipelined round, by hash
+// This file runs Lua scripts, many calls in one pipelined round, by hash
 // with a fallback for a server that does not have the script yet.
 
 package redisio

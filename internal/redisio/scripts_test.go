@@ -1,4 +1,4 @@
-// scripts_test.go tests EvalMany: calls of several scripts in one round, in
+// This file tests EvalMany: calls of several scripts in one round, in
 // order, and a script the server does not have yet loaded on the way.
 
 package redisio

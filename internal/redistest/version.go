@@ -1,4 +1,4 @@
-// version.go tells which server the redis-server on PATH is, so that tests
+// This file tells which server the redis-server on PATH is, so that tests
 // can start it with the options it knows (Redis 6.2 has no sharded pub/sub
 // and no --cluster-port).
 

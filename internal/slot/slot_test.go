@@ -1,4 +1,4 @@
-// slot_test.go checks the slot hash against the Redis Cluster specification
+// This file checks the slot hash against the Redis Cluster specification
 // and Companion's promises: same slot, one name per key, the key as prefix.
 
 package slot
