@@ -1,5 +1,5 @@
 // This file measures cache.GetOrLoadMany against the same keys asked
-// for by one GetOrLoad call each, all in parallel (issue 11):
+// for by one GetOrLoad call each, all in parallel:
 // BenchmarkBatch/load=D/impl=many|parallel. One op is 100 keys of which 10
 // are cold (deleted before the op, untimed); the other 90 are warm.
 package benchmarks

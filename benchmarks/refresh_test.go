@@ -1,4 +1,4 @@
-// This file measures stampede's own answers to expiry (issue 9):
+// This file measures stampede's own answers to expiry:
 //
 //   - BenchmarkRefresh/ttl=T/refresh=on|off/inst=I/g=G: a hot key under
 //     steady traffic, with early refresh (XFetch, the default) and without

@@ -841,7 +841,7 @@ func (e *refreshEvents) observe(ev Event) {
 
 // TestGetOrLoadManyRefreshesAStalePageInOneCall: a 20-key page past its TTL
 // is served stale and refreshed by one loadMany call of 20 keys, not 20
-// calls of one (issue 19.3); with a soft load timeout the batch waits for
+// calls of one; with a soft load timeout the batch waits for
 // that one call and serves its fresh values.
 func TestGetOrLoadManyRefreshesAStalePageInOneCall(t *testing.T) {
 	t.Parallel()

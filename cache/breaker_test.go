@@ -1,5 +1,5 @@
 // This file proves that an unreachable Redis costs a handful of dial
-// attempts, not one per call, and that the breaker closes again (issue 8.6).
+// attempts, not one per call, and that the breaker closes again.
 
 package cache
 

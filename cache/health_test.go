@@ -1,5 +1,4 @@
-// This file proves that a Redis outage is visible by default (issue
-// 19.1): logged once at its first failure, named in the breaker's error,
+// This file proves that a Redis outage is visible by default: logged once at its first failure, named in the breaker's error,
 // told by Ping.
 
 package cache

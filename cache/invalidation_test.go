@@ -1,6 +1,6 @@
 // This file proves that a Delete in another instance is seen by
 // every caller that begins after it returns, even one that joins a flight
-// begun before it (issue 8.1).
+// begun before it.
 
 package cache
 

@@ -1,5 +1,5 @@
-// This file tests a writer without a near cache among readers with one
-// (issue 27.2): its writes wait for the readers' acknowledgements like any
+// This file tests a writer without a near cache among readers with one:
+// its writes wait for the readers' acknowledgements like any
 // writer's, it holds no lease, and on a prefix without holders it opens no
 // subscription and waits for nothing.
 

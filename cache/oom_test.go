@@ -1,5 +1,5 @@
 // This file proves that a Redis out of memory (maxmemory reached) does not
-// switch the protection off (issue 17.3): hits go on, the breaker stays
+// switch the protection off: hits go on, the breaker stays
 // closed, a key is loaded at most once at a time per process, and the error
 // hook hears of it once per episode, named as memory pressure.
 

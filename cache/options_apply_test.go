@@ -1,5 +1,4 @@
-// This file tests options that used to apply halfway (issue
-// 28.7): a per-call TTL through refreshes, and replica reads with the near
+// This file tests options that used to apply halfway: a per-call TTL through refreshes, and replica reads with the near
 // cache.
 
 package cache

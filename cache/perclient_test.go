@@ -1,5 +1,5 @@
 // This file proves that the near caches on one Redis client share
-// their tracking connections (issue 27.1): one per master, for every
+// their tracking connections: one per master, for every
 // prefix, whose loss drops the memory of every prefix.
 
 package cache

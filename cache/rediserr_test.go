@@ -1,6 +1,6 @@
 // This file proves how the cache acts on Redis errors: transient
-// cluster states are waited out (issue 8.3) and misconfiguration is returned
-// under every policy (issue 8.6).
+// cluster states are waited out and misconfiguration is returned
+// under every policy.
 
 package cache
 

@@ -1,5 +1,5 @@
 // This file proves that the caches on one Redis client share one set
-// of resources (issue 18): one subscribed connection per master, one
+// of resources: one subscribed connection per master, one
 // breaker, released by the last Close.
 
 package cache

@@ -457,7 +457,7 @@ func TestWaiterPollsWhenSubscriptionHangs(t *testing.T) {
 }
 
 // TestSubscriptionSurvivesASlowDial: a new subscription's dial slower than
-// the waiter's backoff does not kill it (issue 17.5): the subscribe has a
+// the waiter's backoff does not kill it: the subscribe has a
 // deadline of its own, so the waiter is woken by the holder's commit
 // instead of polling while the master is backed off.
 func TestSubscriptionSurvivesASlowDial(t *testing.T) {

@@ -90,7 +90,7 @@ func TestObtainContextEndsWait(t *testing.T) {
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
-// TestObtainContextEndIsNeverBare is issue 8 item 5: when ctx ends during a
+// TestObtainContextEndIsNeverBare: when ctx ends during a
 // Redis call rather than during a wait, Obtain returned go-redis's bare
 // "context deadline exceeded" (or, with ContextTimeoutEnabled, an i/o
 // timeout). Before the fix this loop saw 53 of 400 such errors with a plain
@@ -190,7 +190,7 @@ func TestLockNilSafe(t *testing.T) {
 	})
 }
 
-// TestLockRedisErrorsWrapped is issue 8 item 9 for the lock: every Redis
+// TestLockRedisErrorsWrapped covers the lock: every Redis
 // error comes back as "lock: redis: ...", and errors.Is still sees it.
 func TestLockRedisErrorsWrapped(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})

@@ -235,7 +235,7 @@ func TestRedlockHeldElsewhere(t *testing.T) {
 	assert.Equal(t, 3, q.holding("three", "other", all5...))
 }
 
-// TestRedlockContextEnds is issue 8 item 5 for ObtainQuorum: however ctx
+// TestRedlockContextEnds covers ObtainQuorum: however ctx
 // ends (during a wait or during a round), the error is ErrNotObtained
 // joined with ctx.Err().
 func TestRedlockContextEnds(t *testing.T) {

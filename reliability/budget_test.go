@@ -1,5 +1,4 @@
-// This file checks the waiter's budget against the holder's (issue 8
-// item 7): with the default options a waiter in another process keeps
+// This file checks the waiter's budget against the holder's: with the default options a waiter in another process keeps
 // waiting while the holder legitimately loads, up to the load timeout; when a
 // budget does run out, the error says which key and what budget.
 package reliability_test

@@ -1,5 +1,5 @@
 // This file checks the guarantee of Delete across instances and
-// OS processes (issue 8 item 1): a GetOrLoad that starts after Delete
+// OS processes: a GetOrLoad that starts after Delete
 // returns, in any process, never sees the value that Delete removed. The
 // source of truth is versioned; it is bumped to v2 just before the Delete,
 // and every read that began after the Delete returned and got v1 is a stale

@@ -1,7 +1,7 @@
 // This file moves a Redis Cluster slot from one master to another
 // (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE), as
 // redis-cli --cluster reshard does, in the middle of a stampede on keys of
-// that slot (issue 8 item 3). While a slot migrates, a script or a DEL over
+// that slot. While a slot migrates, a script or a DEL over
 // keys of which some are missing gets TRYAGAIN: the cache must wait that out,
 // not treat it as an outage. So must it CLUSTERDOWN.
 package reliability_test

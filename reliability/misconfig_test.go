@@ -1,5 +1,5 @@
 // This file checks what FailOpen must not hide and what an outage
-// may cost (issue 8 item 6): a Redis that answers "no" (wrong or missing
+// may cost: a Redis that answers "no" (wrong or missing
 // password, a user without permission, a command renamed away) is a
 // misconfiguration, returned under every policy; a Redis that does not answer
 // at all opens the circuit breaker, so that calls stop paying for it.

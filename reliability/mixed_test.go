@@ -1,5 +1,5 @@
 // This file proves read-after-write when processes are configured
-// differently (issue 27.2): readers with near caches in other OS processes
+// differently: readers with near caches in other OS processes
 // (and, on a cluster, another client), one writer with WithoutNearCache()
 // (an admin job): no read that begins after its Set returned may get the
 // old value, since its writes wait for the readers' acknowledgements as a

@@ -1,5 +1,5 @@
 // This file proves that GetOrLoadMany stays off go-redis's
-// ClusterClient.Pipelined while a slot migrates (issue 17 item 9): that
+// ClusterClient.Pipelined while a slot migrates: that
 // pipeline races with itself when one node's part meets TRYAGAIN on one
 // command and ASK on another. TestGoRedisPipelineRaceDuringMigration is the
 // go-redis-only reproduction (run it with -race and

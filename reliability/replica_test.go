@@ -1,6 +1,6 @@
 // This file proves read-after-Delete on a cluster client that routes
 // reads to replicas (ReadOnly, RouteRandomly) while the replicas lag: the
-// cache reads from masters whatever the client's routing (issue 17 item 2).
+// cache reads from masters whatever the client's routing.
 package reliability_test
 
 import (

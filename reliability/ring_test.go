@@ -1,5 +1,4 @@
-// This file runs the cache on a redis.Ring of two real shards (issue 8
-// item 4). A Ring sends each command, scripts included, to the shard of its
+// This file runs the cache on a redis.Ring of two real shards. A Ring sends each command, scripts included, to the shard of its
 // first key, and hashes a key's {tag} when it has one: the lock name of a key
 // holding '}' without a tag, such as "a}b:1", carries a tag of its own, so a
 // script naming only the lock goes to the wrong shard.

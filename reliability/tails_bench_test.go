@@ -1,5 +1,5 @@
 // This file measures read tails when the readers alone saturate
-// the cores (issue 28 item 6): 64 goroutines per core reading 1,000 keys
+// the cores: 64 goroutines per core reading 1,000 keys
 // without pause, a second client writing 100 keys a second, near cache on
 // or off.
 package reliability_test

@@ -1,5 +1,4 @@
-// This file is BenchmarkWrite's scale rows (issue 27 item
-// 6): what one Set costs Redis (CPU, commands) and the writer (p50, p99) as
+// This file is BenchmarkWrite's scale rows: what one Set costs Redis (CPU, commands) and the writer (p50, p99) as
 // the number of other processes with near caches grows, so that BENCHMARKS.md
 // can model writes per second per Redis core against the size of a service.
 package reliability_test

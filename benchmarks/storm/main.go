@@ -1,4 +1,4 @@
-// Command storm is issue 27's write storm: two OS processes, each with the
+// Command storm is a write storm: two OS processes, each with the
 // default near cache on its own client, Set 10 shared keys from 8
 // goroutines, 2,000 Sets each, reading each key back, then Close while the
 // other may still be writing. It prints each process's Set p50, p99 and

@@ -1,7 +1,7 @@
 // Command trackmodes measures what Redis spends per write on client-side
 // caching invalidations in broadcast (BCAST) mode against default mode (a
 // per-key tracking table), with and without strict coherence's marker and
-// acknowledgement round, for N holder clients (issue 27 item 4; the
+// acknowledgement round, for N holder clients (the
 // figures and the decision are in docs/PROTOCOL.md and
 // results/trackmodes-*.txt). It is the protocol alone, on raw go-redis
 // connections, not the library: each holder has its own connections, so

@@ -1,5 +1,5 @@
 // This file tests how often a tracking connection redials a Redis that
-// is down (issue 28.7).
+// is down.
 
 package coherence
 
