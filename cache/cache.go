@@ -31,7 +31,7 @@ type Cache[V any] struct {
 	group    singleflight.Group // merges this process's callers of one key
 	calls    sync.Pool          // *flightCall[V]: a caller's request to group
 	redisio  *redisio.Client    // sends the commands: flights' GETs coalesced, pipelined rounds
-	share    *share             // what the Caches on rdb share (see shared.go)
+	share    *share             // what the Caches on rdb share (see share)
 	brk      *health.Breaker    // share's
 	notify   *notify.Notifier   // share's: wakes waiters; nil: they poll
 	near     *near[V]           // values kept in memory; nil: off (see WithNearCache)

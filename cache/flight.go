@@ -1,5 +1,5 @@
 // This file is GetOrLoad's flight, the first half of the miss path: merge,
-// read, read-or-lock, wait; load.go loads and commits.
+// read, read-or-lock, wait; loadFor loads and commits.
 
 package cache
 

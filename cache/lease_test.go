@@ -3,7 +3,7 @@
 // serves nothing, a holder that does not acknowledge is waited for until its
 // lease ends, a lost registry makes writes wait out one lease, Close gives
 // the lease back, and the registry and marker keys are reserved. The whole
-// is attacked across OS processes in reliability/near_test.go.
+// is attacked across OS processes in the reliability module.
 
 package cache
 

@@ -71,7 +71,7 @@ type config struct {
 		failures int // 0: off
 		coolDown time.Duration
 	}
-	near nearConfig // see near.go
+	near nearConfig // see newNear
 
 	logger *slog.Logger // nil: slog.Default()
 	logOff bool         // WithLogger(nil)

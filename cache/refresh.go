@@ -1,6 +1,6 @@
 // This file reloads values in the background, before they expire (early
 // refresh) or once they are stale, under their load locks and through the
-// same load and fenced commit as a miss (load.go), so that each runs once
+// same load and fenced commit as a miss (loadFor), so that each runs once
 // per key across processes while callers keep getting the current value.
 // GetOrLoad refreshes one key, GetOrLoadMany every key of its batch that is
 // due, with one loader call.

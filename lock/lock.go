@@ -1,5 +1,5 @@
 // This file is the Lock and its lease on one Redis: Obtain, Release, Refresh,
-// TTL and Validity (see doc.go for the jobs it is for).
+// TTL and Validity (the package doc lists the jobs it is for).
 
 package lock
 

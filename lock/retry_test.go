@@ -1,4 +1,4 @@
-// lock_retry_test.go proves the lock's retry strategies: their waits, their
+// This file proves the lock's retry strategies: their waits, their
 // limits, and that one strategy shared by many calls shares no state.
 
 package lock

@@ -1,5 +1,5 @@
 // This file holds the suite's shared pieces: TestMain with the leak
-// check (and the child mode of process_test.go), simulated processes (one Redis client and one Cache each), a
+// check (and the child mode, runChild), simulated processes (one Redis client and one Cache each), a
 // counting loader, an in-process toxiproxy and small wait helpers.
 package reliability_test
 
@@ -26,7 +26,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(childModeEnv); mode != "" {
-		os.Exit(runChild(mode)) // a re-executed test binary: see process_test.go
+		os.Exit(runChild(mode)) // a re-executed test binary: see runChild
 	}
 	// Most tests here wait (for Sentinels, clusters, lock leases, loaders that
 	// sleep) far more than they compute: those marked t.Parallel run six at
@@ -256,7 +256,7 @@ func eventually(tb testing.TB, within time.Duration, what string, cond func() bo
 	return time.Since(start)
 }
 
-// lockKeyOf mirrors cache/lock.go for keys without braces: the load lock of
+// lockKeyOf mirrors cache.LockKey for keys without braces: the load lock of
 // key is "{key}:lock", so both land in one cluster slot.
 func lockKeyOf(key string) string { return cache.LockKey(key) }
 

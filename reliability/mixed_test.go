@@ -24,7 +24,7 @@ import (
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
-// mixedRounds runs rounds of: the near-reader children (near_test.go) warm
+// mixedRounds runs rounds of: the near-reader children warm
 // on a key, a writer without a near cache Sets it, the children report the
 // reads that began after Set returned and got the old value. The children
 // reach Redis through a proxy that delays its replies by 20ms, so that

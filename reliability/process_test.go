@@ -20,7 +20,7 @@ const childModeEnv = "STAMPEDE_RELIABILITY_CHILD"
 
 // childModes are the child programs, by mode; each returns the exit code.
 var childModes = map[string]func(env func(string) string) int{
-	"reader": runReaderChild, // invalidation_test.go
+	"reader": runReaderChild, // TestDeleteInAnotherProcess
 }
 
 func runChild(mode string) int {

@@ -1,7 +1,7 @@
 // This file measures what strict coherence costs writers: Set and Delete latency with 1, 4 and 16 other OS processes holding
 // near caches of the same keys, against the same writes without near
 // caches, and with one of 4 processes frozen (SIGSTOP) for the whole run;
-// and, in the scale rows (write_scale_bench_test.go), what a
+// and, in the scale rows, what a
 // Set costs Redis as the number of processes grows.
 package reliability_test
 

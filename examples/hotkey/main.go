@@ -33,7 +33,7 @@ type config struct {
 	Procs       int           // >0: run the instances as this many OS processes
 	Products    int           // products seeded into the embedded database
 	JSON        bool          // one JSON object per strategy on stdout
-	Metrics     bool          // the OpenTelemetry adapter on the stampede caches, figures printed at the end (metrics.go)
+	Metrics     bool          // the OpenTelemetry adapter on the stampede caches, figures printed at the end
 	Verbose     bool          // server logs on stderr
 	RedisAddr   string        // "" starts an embedded miniredis
 	MongoURI    string        // "" starts an embedded FerretDB

@@ -331,7 +331,7 @@ func parseLeases(reply []any) (now, since int64, leases map[string]int64, err er
 // message for every write of this writer the holder saw together) heard on
 // this tracker's acknowledgement channel, which its own tracking
 // connections subscribe (a writer's tracker: its acknowledgement
-// subscription, see writer.go): a holder's PUBLISH reaches it on a single
+// subscription, see NewWriter): a holder's PUBLISH reaches it on a single
 // server, through the bus on a cluster, and on the channel's shard on a
 // Ring.
 func (t *Tracker) acked(payload string) {

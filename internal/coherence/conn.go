@@ -93,7 +93,7 @@ func nodeOptions(base *redis.Options) redis.Options {
 
 // onConnect is n's OnConnect: the user's, then tracking on for the hub's
 // prefixes, then which server this is, since a lease renewal counts only if
-// its script ran on a server the tracking connections are on (lease.go).
+// its script ran on a server the tracking connections are on (see the lease scripts).
 // It takes no lock: it runs wherever go-redis dials, register included.
 func (h *Hub) onConnect(n *node, user func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
 	return func(ctx context.Context, cn *redis.Conn) error {

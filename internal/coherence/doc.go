@@ -36,8 +36,8 @@
 // 2006, section 2.5), a process serves memory only while it holds a
 // coherence lease, and a lease is renewed only by proving, on every tracking
 // connection, that the invalidations Redis sent before the renewal have
-// arrived (lease.go). Writers wait for each live holder's acknowledgement of
-// their write or for the end of its lease (confirm.go), so a process that
+// arrived. Writers wait for each live holder's acknowledgement of
+// their write or for the end of its lease, so a process that
 // stops hearing Redis (frozen, partitioned, its subscription killed) stops
 // serving memory before any writer gives up on it.
 //
@@ -47,7 +47,7 @@
 // write's number) that reaches every holder after the write's invalidation,
 // on every tracking connection. A holder that has seen the marker on all of
 // them has dropped the old value, and says so on the writer's
-// acknowledgement channel (ack.go). The writer waits for the acknowledgement
+// acknowledgement channel. The writer waits for the acknowledgement
 // of every holder whose lease runs, each at most until its lease ends by the
 // server's clock: a frozen process costs a write at most one lease, never an
 // error. An acknowledgement lost on the way (published before the writer's

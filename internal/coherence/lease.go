@@ -70,7 +70,7 @@ type trackedConn struct {
 //     if the script ran on a server one of these connections is on (its
 //     run_id, see tracks).
 //
-// A writer that read the registry after its write (confirm.go) finds every
+// A writer that read the registry after its write (Tracker.Write) finds every
 // holder that renewed before that read; a renewal after it pings after the
 // write, so its PONG follows the write's invalidation. Either way a holder
 // cannot serve the old value past what the writer waits for.

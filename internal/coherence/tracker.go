@@ -84,7 +84,7 @@ type Tracker struct {
 	stopRenew context.CancelFunc // ends renewLoop alone, before the lease is given back
 	renewDone chan struct{}      // closed when renewLoop returned
 
-	// The holder's side (lease.go, ack.go).
+	// The holder's side: the lease and the acknowledgements.
 	id         string        // names this holder's lease and its acknowledgement channel
 	registry   string        // RegistryKey(prefix)
 	legacy     string        // LegacyRegistryKey(prefix)
@@ -100,13 +100,13 @@ type Tracker struct {
 	marks      map[string]*markSeen
 	acks       chan string // markers to acknowledge
 
-	// The writer's side (confirm.go).
+	// The writer's side: confirmations.
 	ackCh   string        // where this writer's acknowledgements come
 	seq     atomic.Uint64 // this writer's writes
 	pmu     sync.Mutex    // protects pending
 	pending map[string]*confirmation
 
-	// A writer without a near cache (writer.go): no tracking connections,
+	// A writer without a near cache (NewWriter): no tracking connections,
 	// no lease; its acknowledgements come on a subscription of its own.
 	writerOnly bool
 	sub        ackSub

@@ -1,9 +1,9 @@
 // Package redisio sends a cache's commands to Redis: single reads coalesced
-// into MGETs (reads.go), rounds of commands in one pipeline (pipeline.go)
-// and rounds of scripts run by hash (scripts.go).
+// into MGETs, rounds of commands in one pipeline
+// and rounds of scripts run by hash.
 //
 // On a cluster, reads and rounds go to each key's master through that
-// master's own client (masters.go), never through ClusterClient.Pipelined,
+// master's own client, never through ClusterClient.Pipelined,
 // which races with itself while a slot migrates (RELIABILITY.md), and never
 // to a replica, which may still hold a value that a Delete removed.
 package redisio
