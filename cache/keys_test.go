@@ -83,7 +83,7 @@ func TestChannelsAreUnderThePrefix(t *testing.T) {
 var channelPrefixes = []string{"", "product:", "{shop}:", "a{b}:", "a}b:", "a{b:", "{}:", "{"}
 
 // strayBrace reports whether s has a '{' that opens no hash tag.
-func strayBrace(s string) bool { return strings.Contains(s, "{") && !slot.HasTag(s) }
+func strayBrace(s string) bool { return slot.StrayBrace(s) }
 
 // specSlot is Redis Cluster's key slot, written from the spec
 // independently of internal/slot.

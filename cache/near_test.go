@@ -42,17 +42,10 @@ func nearHas[V any](c *Cache[V], k string) bool {
 
 // eventually polls cond for up to 5s (a loaded -race run is slow) and reports
 // whether it held.
-func eventually(cond func() bool) bool { return eventuallyWithin(5*time.Second, cond) }
+func eventually(cond func() bool) bool { return redistest.Eventually(5*time.Second, cond) }
 
 // eventuallyWithin is eventually for up to d.
-func eventuallyWithin(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
-}
+func eventuallyWithin(d time.Duration, cond func() bool) bool { return redistest.Eventually(d, cond) }
 
 // newNearCache returns a near-cached Cache on its own client (as another
 // process would have), ready to serve from memory.

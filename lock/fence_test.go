@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/internal/slot"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -285,16 +286,10 @@ func TestFenceCounterSharesSlotAndPrefix(t *testing.T) {
 			if got != want {
 				t.Errorf("Redis puts counter %q in slot %d; want the slot of lock %q, %d", fk, got, lk, want)
 			}
-			if !strayBrace(lk) && !strings.HasPrefix(fk, lk) {
+			if !slot.StrayBrace(lk) && !strings.HasPrefix(fk, lk) {
 				t.Errorf("counter %q does not start with lock key %q", fk, lk)
 			}
 			require.NoError(t, l.Release(t.Context()))
 		}
 	}
-}
-
-// strayBrace reports whether key has a '{' that opens no hash tag.
-func strayBrace(key string) bool {
-	open := strings.IndexByte(key, '{')
-	return open >= 0 && strings.IndexByte(key[open+1:], '}') <= 0
 }

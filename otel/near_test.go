@@ -24,14 +24,7 @@ import (
 
 // eventually polls cond for up to 10s (a loaded -race run is slow) and
 // reports whether it held.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
-}
+func eventually(cond func() bool) bool { return redistest.Eventually(10*time.Second, cond) }
 
 // settled fails the test unless the counter's data point with exactly attrs
 // comes to equal seen, the events the cache emitted (an event being

@@ -42,17 +42,7 @@ func TestTrackingConnectionRedialsBackOff(t *testing.T) {
 	assert.Positive(t, n, "never dialled")
 
 	addr.Store(live) // Redis is back: serving again, within the backoff's cap
-	require.True(t, eventuallyWithin(2*redialMax+3*time.Second, tr.Serving), "never serving once Redis was back")
-}
-
-// eventuallyWithin polls cond for up to d and reports whether it held.
-func eventuallyWithin(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
+	require.True(t, redistest.Eventually(2*redialMax+3*time.Second, tr.Serving), "never serving once Redis was back")
 }
 
 // The redial backoff doubles from the first pause up to its cap, and a success

@@ -13,14 +13,7 @@ import (
 
 // eventually polls cond for up to 5s (a loaded -race run is slow) and
 // reports whether it held.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return cond()
-}
+func eventually(cond func() bool) bool { return redistest.Eventually(5*time.Second, cond) }
 
 // A ticket stays valid until its key's stripe or everything is invalidated,
 // by this process or by a write in Redis; a zero ticket never is.

@@ -29,6 +29,11 @@ func HasTag(key string) bool {
 	return ok
 }
 
+// StrayBrace reports whether key has a '{' that opens no hash tag: such a
+// key hashes whole, and names built by appending to it may not share its
+// slot.
+func StrayBrace(key string) bool { return !HasTag(key) && strings.Contains(key, "{") }
+
 func hashTag(key string) (string, bool) {
 	if open := strings.IndexByte(key, '{'); open >= 0 {
 		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {

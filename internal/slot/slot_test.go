@@ -23,12 +23,6 @@ var oddKeys = []string{
 	strings.Repeat("k", 1000) + "{tag}",
 }
 
-// strayBrace reports whether key has a '{' that opens no hash tag.
-func strayBrace(key string) bool {
-	_, tagged := hashTag(key)
-	return !tagged && strings.Contains(key, "{")
-}
-
 func TestOfMatchesSpec(t *testing.T) {
 	// The examples of the Redis Cluster specification, "Hash tags".
 	for _, tc := range []struct{ key, hashed string }{
@@ -63,7 +57,7 @@ func TestCompanionSameSlotAndPrefix(t *testing.T) {
 			if Of(c) != Of(key) {
 				t.Errorf("Of(Companion(%q, %q) = %q) = %d; want Of(key) = %d", key, suffix, c, Of(c), Of(key))
 			}
-			if !strayBrace(key) && !strings.HasPrefix(c, key) {
+			if !StrayBrace(key) && !strings.HasPrefix(c, key) {
 				t.Errorf("Companion(%q, %q) = %q; want it to start with the key", key, suffix, c)
 			}
 			if !strings.Contains(c, suffix) {
@@ -146,7 +140,7 @@ func TestCompanionOneToOne(t *testing.T) {
 func TestCompanionOneToOneCrafted(t *testing.T) {
 	for _, k := range []string{"42", "a", "product:42", "x{:fence", "a}b{:fence"} {
 		var twin string
-		if strayBrace(k) {
+		if StrayBrace(k) {
 			twin = strings.TrimSuffix(Companion(k, ":fence"), ":fence")
 		} else {
 			twin = fmt.Sprintf("%s{%s}", k, Tag(Of(k)))
