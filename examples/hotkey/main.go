@@ -2,7 +2,7 @@
 // cold and keeps expiring, served by several instances, with four caching
 // strategies compared on the same workload.
 //
-//	go run ./examples/hotkey            # about 35s once built
+//	go run ./examples/hotkey            # about 40s once built
 //	go run ./examples/hotkey -procs 4   # instances as 4 OS processes
 //	go run ./examples/hotkey -json      # one JSON object per strategy
 //	go run ./examples/hotkey -metrics   # and the caches' OpenTelemetry figures
