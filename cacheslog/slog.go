@@ -1,7 +1,7 @@
 // Package cacheslog logs what a [cache.Cache] handles on its own, through
 // log/slog: the errors of [cache.WithErrorHook] and the events of
 // [cache.WithObserver] worth a line (Redis errors, the circuit breaker, lost
-// locks, failed refreshes), one line per call. The cache itself logs only a
+// locks, failed refreshes), a line each. The cache itself logs only a
 // few lines, each once, through [cache.WithLogger] ([slog.Default] unless
 // set): the first failure of a Redis outage and its end, the beginning of a
 // memory-pressure episode, and warnings about its setup (a server without
