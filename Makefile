@@ -3,8 +3,9 @@
 # the targets name every module ("work" is all packages of all of them).
 .PHONY: test demo bench lint tidy fuzz ci
 
+# test is the README's test command, exactly.
 test:
-	go test -race ./... ./examples/... ./benchmarks/... ./otel/... ./reliability/...
+	go test -race -p=4 -vet=off ./reliability/... ./... ./examples/... ./benchmarks/... ./otel/...
 
 demo:
 	go run ./examples/hotkey

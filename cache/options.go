@@ -76,7 +76,7 @@ type config struct {
 	logger *slog.Logger // nil: slog.Default()
 	logOff bool         // WithLogger(nil)
 
-	replicaReads bool // see replica.go
+	replicaReads bool // see WithReplicaReads
 	tags         bool // see WithTags
 }
 

@@ -1,7 +1,11 @@
 // Package cacheslog logs what a [cache.Cache] handles on its own, through
 // log/slog: the errors of [cache.WithErrorHook] and the events of
 // [cache.WithObserver] worth a line (Redis errors, the circuit breaker, lost
-// locks, failed refreshes). The cache itself never logs.
+// locks, failed refreshes), a line each. The cache itself logs only a
+// few lines, each once, through [cache.WithLogger] ([slog.Default] unless
+// set): the first failure of a Redis outage and its end, the beginning of a
+// memory-pressure episode, and warnings about its setup (a server without
+// client-side caching, an ACL that refuses what the near cache needs).
 //
 //	products := cache.New[Product](rdb,
 //		cache.WithErrorHook(cacheslog.ErrorHook(logger)),
@@ -10,8 +14,8 @@
 //
 // It needs only the standard library, so it lives in the root module. For
 // counts and durations use metrics (the OpenTelemetry adapter,
-// github.com/stampede-go/stampede/otel); to send events to both, call both
-// observers from one function.
+// github.com/stampede-go/stampede/otel); to send events to both, give
+// [cache.WithObserver] once for each.
 //
 // Wired together, ErrorHook and Observer log a Redis error that [cache.FailOpen]
 // turned into an uncached load twice (Observer: the Redis error as it

@@ -2,12 +2,15 @@
 // cold and keeps expiring, served by several instances, with four caching
 // strategies compared on the same workload.
 //
-//	go run ./examples/hotkey            # embedded Redis and MongoDB, ~25s once built
+//	go run ./examples/hotkey            # about 40s once built
 //	go run ./examples/hotkey -procs 4   # instances as 4 OS processes
 //	go run ./examples/hotkey -json      # one JSON object per strategy
 //	go run ./examples/hotkey -metrics   # and the caches' OpenTelemetry figures
 //
-// REDIS_ADDR and MONGO_URI point it at real servers instead.
+// It runs against a redis-server from PATH, started on a free port and
+// stopped at the end (else an embedded miniredis, on which the near cache
+// cannot serve: the verdict then says so), and an embedded MongoDB
+// (FerretDB). REDIS_ADDR and MONGO_URI point it at servers of your own.
 package main
 
 import (
@@ -35,7 +38,7 @@ type config struct {
 	JSON        bool          // one JSON object per strategy on stdout
 	Metrics     bool          // the OpenTelemetry adapter on the stampede caches, figures printed at the end
 	Verbose     bool          // server logs on stderr
-	RedisAddr   string        // "" starts an embedded miniredis
+	RedisAddr   string        // "" starts a redis-server from PATH, else an embedded miniredis
 	MongoURI    string        // "" starts an embedded FerretDB
 }
 

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +177,73 @@ func TestHistQuantile(t *testing.T) {
 		if got := h.quantile(c.q); got != c.want {
 			t.Errorf("quantile(%v) = %vms; want %vms", c.q, got, c.want)
 		}
+	}
+}
+
+// TestVerdictNamesTheRowItCouldNotShow: on a Redis without client-side
+// caching stampede-near serves nothing from memory, and the verdict must say
+// so instead of calling the run OK.
+func TestVerdictNamesTheRowItCouldNotShow(t *testing.T) {
+	results := func(nearHits int64) []result {
+		var rs []result
+		for _, s := range strategies {
+			rs = append(rs, result{Strategy: s, Requests: 1000, DBLoads: 2, DBLoadsServer: -1, Expiries: 2, MaxLoadsExpiry: 1, LoadsPerExpiry: 1})
+		}
+		rs[len(rs)-1].NearHits = nearHits // stampede-near
+		return rs
+	}
+	for _, tt := range []struct {
+		name      string
+		miniredis bool
+		nearHits  int64
+		want      string
+	}{
+		{"miniredis", true, 0, "verdict: INCOMPLETE - "},
+		{"redis without tracking", false, 0, "verdict: INCOMPLETE - "},
+		{"near hits", false, 900, "verdict: OK - "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &report{env: &env{miniredis: tt.miniredis}, Results: results(tt.nearHits)}
+			r.judge()
+			if !strings.HasPrefix(r.Verdict, tt.want) {
+				t.Errorf("verdict %q; want it to begin with %q", r.Verdict, tt.want)
+			}
+			if tt.nearHits == 0 && !strings.Contains(r.Verdict, "stampede-near NOT SHOWN") {
+				t.Errorf("verdict %q does not name stampede-near as not shown", r.Verdict)
+			}
+			var out bytes.Buffer
+			r.writeTable(&out)
+			if shown := !strings.Contains(out.String(), "NOT SHOWN in this run"); shown != (tt.nearHits > 0) {
+				t.Errorf("table says the near row was shown: %v; want %v\n%s", shown, tt.nearHits > 0, out.String())
+			}
+		})
+	}
+}
+
+// TestDemoUsesRedisServerFromPath: the default run (no REDIS_ADDR) starts a
+// redis-server from PATH, whose client-side caching lets stampede-near
+// serve from memory; miniredis only when there is none.
+func TestDemoUsesRedisServerFromPath(t *testing.T) {
+	// Not parallel: the second case empties PATH.
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("no redis-server on PATH")
+	}
+	e := &env{}
+	if err := e.startRedis(t.Context(), ""); err != nil {
+		t.Fatal(err)
+	}
+	if e.miniredis || e.redisCommands(t.Context()) < 0 {
+		t.Errorf("default run on %s (miniredis %v); want a redis-server from PATH", e.redisDesc, e.miniredis)
+	}
+	e.close()
+
+	t.Setenv("PATH", "")
+	e = &env{}
+	if err := e.startRedis(t.Context(), ""); err != nil {
+		t.Fatal(err)
+	}
+	defer e.close()
+	if !e.miniredis {
+		t.Errorf("run without redis-server on PATH on %s; want the embedded miniredis", e.redisDesc)
 	}
 }

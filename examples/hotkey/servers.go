@@ -19,6 +19,7 @@ import (
 	"github.com/FerretDB/FerretDB/ferretdb"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/redistest"
 	"go.mongodb.org/mongo-driver/bson"
 	"go.mongodb.org/mongo-driver/mongo"
 	"go.mongodb.org/mongo-driver/mongo/options"
@@ -88,8 +89,18 @@ func setup(ctx context.Context, cfg config, logw io.Writer) (e *env, err error) 
 	return e, e.seed(ctx, cfg.Products)
 }
 
+// startRedis uses the Redis at addr, else a private redis-server from PATH
+// (the near cache needs its client-side caching), else an embedded
+// miniredis, on which stampede-near cannot serve from memory.
 func (e *env) startRedis(ctx context.Context, addr string) error {
 	e.redisDesc = "REDIS_ADDR " + addr
+	if addr == "" {
+		if s, err := redistest.StartServer(); err == nil {
+			e.closers = append(e.closers, s.Stop)
+			addr = s.Addr
+			e.redisDesc = "redis-server from PATH at " + addr + " (set REDIS_ADDR to use another Redis)"
+		}
+	}
 	if addr == "" {
 		m := miniredis.NewMiniRedis()
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
@@ -100,7 +111,7 @@ func (e *env) startRedis(ctx context.Context, addr string) error {
 		m.ClockTTL(true)
 		e.closers = append(e.closers, m.Close)
 		addr, e.miniredis = m.Addr(), true
-		e.redisDesc = "embedded miniredis at " + addr + " (set REDIS_ADDR to use a real one)"
+		e.redisDesc = "embedded miniredis at " + addr + " (no redis-server on PATH; install one or set REDIS_ADDR to see stampede-near)"
 	}
 	e.redisAddr = addr
 	e.rdb = redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
