@@ -274,13 +274,15 @@ func (c *Cache[V]) Stats() Stats {
 // Expire makes the value at key expire now, in every process, as
 // FusionCache's Expire: the next read loads it anew, under the load lock as
 // a miss (callers in other processes wait for that load). Under
-// [WithStale] the old value stays as the fallback: a GetOrLoad whose reload
-// fails gets the old value, marked stale, and it is kept for the stale
-// throttle; without WithStale, Expire is [Cache.Delete]. GetOrLoadMany
-// reloads expired values as misses, without the fallback. A write of key
-// between Expire's read and its rewrite wins (it is newer than the
-// expiry). Like Delete, it voids a load in flight and returns once every
-// near cache dropped the value. Errors: [ErrEmptyKey], [ErrReservedKey],
+// [WithStale] the old value stays as the fallback: a GetOrLoad or
+// GetOrLoadMany whose reload fails gets the old value, marked stale (unless
+// the call has [NoStale]), and it is kept for the stale throttle; the
+// reload keeps the value's tags and TTL. [Cache.Get] returns it as stale.
+// Without WithStale, or when key holds no value, Expire is [Cache.Delete].
+// A write of key between Expire's read and its rewrite wins (it is newer
+// than the expiry). Like Delete, it voids a load in flight (whatever it
+// read before Expire is not stored) and returns once every near cache
+// dropped the value. Errors: [ErrEmptyKey], [ErrReservedKey],
 // [ErrCircuitOpen] while the breaker is open, a Redis error wrapped as
 // "cache: redis: ...".
 func (c *Cache[V]) Expire(ctx context.Context, key string) error {

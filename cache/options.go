@@ -545,9 +545,14 @@ func TTL(d time.Duration) CallOption {
 // Tags gives the values this call stores the tags given, for
 // [Cache.DeleteByTag]: the value [Cache.Set] writes, the values the loader
 // of [Cache.GetOrLoad] or [Cache.GetOrLoadMany] returns (the loader may add
-// more with [AddTags]); a refreshed value keeps its tags. A hit ignores
-// them: a value keeps the tags it was stored with. The Cache must be made
-// [WithTags] (else the call returns [ErrNoTags]); an empty tag is an error.
+// more with [AddTags]); a refreshed value keeps its tags. A value found
+// without one of them (stored by a call with other tags, in any process) is
+// a miss for GetOrLoad and GetOrLoadMany: it is loaded again, under the
+// load lock, and stored with its old tags and these, so that a
+// DeleteByTag of them removes what the call returned; [Cache.Get] ignores
+// them. Callers of one key that agree on its tags pay no such reload. The
+// Cache must be made [WithTags] (else the call returns [ErrNoTags]); an
+// empty tag is an error.
 func Tags(tags ...string) CallOption {
 	return func(o *callOptions) { o.store.tags = append(o.store.tags, tags...) }
 }
@@ -567,7 +572,9 @@ func ForceRefresh() CallOption { return func(o *callOptions) { o.force = true } 
 // instead of serving it, and [Cache.Get] returns [ErrCacheMiss]. For a
 // caller that needs a value within its TTL, such as a read before a
 // write. [Cache.GetOrLoadMany] treats such values as misses too; Set
-// ignores it.
+// ignores it. Such a call never gets a stale value, whichever caller's
+// flight answered it, nor the fallback of a value [Cache.Expire] expired:
+// a failed load is its error.
 func NoStale() CallOption { return func(o *callOptions) { o.noStale = true } }
 
 // parseCall applies opts to the Cache's behaviour.
