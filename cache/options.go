@@ -46,7 +46,15 @@ const (
 	FailClosed
 )
 
-// Option configures a [Cache] (see [New]).
+// Option configures a [Cache] (see [New]). Options are given once, when
+// the Cache is made at start-up, so an invalid one makes [New] panic with
+// a message naming it, as regexp.MustCompile does: a programming error
+// found before any request. The lock package's options are given on every
+// call instead, often from data, so there an invalid option is the call's
+// error. [WithRetry] takes a count and a backoff here, where a wait ends
+// early on the holder's notification and the backoff is only its bound;
+// lock.WithRetry takes a lock.RetryStrategy, whose waits are the whole
+// policy.
 type Option func(*config)
 
 type config struct {

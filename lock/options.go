@@ -14,7 +14,9 @@ import (
 // Option configures one call of [Obtain], [ObtainQuorum] or [Do]. The
 // lock takes only Options, never the cache's [Option]s. An invalid option
 // makes the call return an error (naming the option), without touching Redis;
-// lock functions never panic on their input.
+// lock functions never panic on their input. (The cache package's options,
+// given once to cache.New at start-up, panic there instead: see
+// cache.Option.)
 type Option func(*config)
 
 type config struct {
