@@ -45,7 +45,27 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 	if load == nil {
 		return zero, ErrNilLoader
 	}
-	tk := c.nearTicket(key) // before start: every read this caller takes is sent after it
+	tk := c.nearTicket(key) // before the flight's start: every read this caller takes is sent after it
+	res, err := c.answerFor(ctx, key, load, o)
+	if err != nil {
+		return zero, err
+	}
+	if res.stale {
+		markStale(ctx)
+	}
+	if c.near != nil {
+		c.near.keep(c, key, tk, res)
+	}
+	if res.notFound != nil && res.err == nil {
+		return zero, notFound(key)
+	}
+	return c.value(res)
+}
+
+// answerFor returns the answer of the first flight of key that began after
+// this caller did and that its options accept: the one it merges with, or
+// one of its own.
+func (c *Cache[V]) answerFor(ctx context.Context, key string, load func(context.Context) (V, error), o callOptions) (*result[V], error) {
 	start := time.Now()
 	own := o.force // a flight of this caller's own, merged with no other
 	for {
@@ -57,30 +77,20 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 			v, err = c.merged(ctx, key, load, o)
 		}
 		if err != nil {
-			return zero, err
+			return nil, err
 		}
 		res := v.(*result[V])
-		if res.at.Before(start) {
+		switch {
+		case res.at.Before(start):
 			// The flight's answer predates this caller. The flight has left
 			// the group, so the next one starts after start.
-			continue
-		}
-		if !own && !accepts(res, o) {
+		case !own && !accepts(res, o):
 			// Another caller's flight, whose options allowed what this
 			// caller's refuse: ask again with a flight of its own.
 			own = true
-			continue
+		default:
+			return res, nil
 		}
-		if res.stale {
-			markStale(ctx)
-		}
-		if c.near != nil {
-			c.near.keep(c, key, tk, res)
-		}
-		if res.notFound != nil && res.err == nil {
-			return zero, notFound(key)
-		}
-		return c.value(res)
 	}
 }
 
