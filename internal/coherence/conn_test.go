@@ -98,7 +98,7 @@ func TestMemoryDroppedAcrossAReconnect(t *testing.T) {
 	require.NoError(t, admin.ClientKillByFilter(ctx, "ID", strconv.FormatInt(ids[0], 10)).Err())
 	require.True(t, eventually(func() bool { return !tr.Serving() }), "served after its tracking connection was killed")
 	require.NoError(t, admin.Set(ctx, p+"k", "new", 0).Err()) // nobody hears it
-	time.Sleep(100 * time.Millisecond)                         // redials refused meanwhile
+	time.Sleep(100 * time.Millisecond)                        // redials refused meanwhile
 	gate.shut.Store(false)
 
 	stale := false
