@@ -1,4 +1,4 @@
-// conn_test.go tests what a tracking connection's messages do: a marker acknowledged only after the keys it follows were dropped, and a lost connection's memory dropped before it serves again.
+// conn_test.go tests what a tracking connection's messages do: a marker acknowledged only after the keys it follows were dropped, a flush, and a lost or silent connection's memory dropped before it serves again.
 
 package coherence
 
@@ -111,4 +111,48 @@ func TestMemoryDroppedAcrossAReconnect(t *testing.T) {
 	}), "never serving again")
 	assert.False(t, stale, "serving again with the value of a key written while the connection was down")
 	assert.NotEqual(t, ids[0], tr.ConnIDs()[0], "not a new connection")
+}
+
+// A tracking connection that stops delivering, its socket still open (a
+// proxy holds back its replies), is noticed: the PING sent on a connection
+// quiet for a second gets no answer, and the connection is replaced by a
+// new one, which serves again long before the lease (40 s) would end.
+func TestSilentConnectionIsReplaced(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	proxy := redistest.NewProxy(t, addr)
+	tr := New(redistest.Client(t, proxy.Addr), p, 40*time.Second, Hooks{})
+	defer tr.Close()
+	require.True(t, eventually(tr.Serving), "never serving")
+	ids := tr.ConnIDs()
+	require.Len(t, ids, 1)
+	release := proxy.Hold(t, admin, ids[0])
+	defer release()
+	assert.True(t, eventuallyWithin(10*time.Second, func() bool {
+		id := tr.ConnIDs()[0]
+		return id != 0 && id != ids[0] && tr.Serving()
+	}), "the silent connection was never replaced")
+}
+
+// A flush (FLUSHALL, FLUSHDB: an invalidation with no keys) empties
+// memory and voids every read in flight; the connection is still
+// subscribed, so memory is served again at once.
+func TestFlushEmptiesMemory(t *testing.T) {
+	srv := redistest.PrivateServer(t, "it flushes the server")
+	admin := redistest.Client(t, srv.Addr)
+	var all atomic.Int64
+	tr := New(redistest.Client(t, srv.Addr), "p:", time.Second, Hooks{OnDrop: func(_ string, a bool) {
+		if a {
+			all.Add(1)
+		}
+	}})
+	defer tr.Close()
+	require.True(t, eventually(tr.Serving), "never serving")
+	before := all.Load()
+	tk := tr.Ticket("p:k")
+	require.NoError(t, admin.FlushAll(t.Context()).Err())
+	assert.True(t, eventually(func() bool { return all.Load() > before }), "a flush did not empty memory")
+	assert.False(t, tr.Valid(tk), "a read begun before the flush may be kept")
+	assert.True(t, tr.Serving(), "a flush stopped serving: the connection was taken for lost")
 }
