@@ -38,7 +38,8 @@ func TestMarkerCountsConnectionsNotCopies(t *testing.T) {
 // before asking), and emptying memory acknowledges every marker still
 // waiting for other connections.
 func TestOwnMarkersIgnoredAndDropsAcknowledge(t *testing.T) {
-	tr := &Tracker{id: "me", lease: time.Second, marks: map[string]*markSeen{}, acks: make(chan string, 8)}
+	tr := &Tracker{id: "me", lease: time.Second, marks: map[string]*markSeen{}, acks: make(chan string, 8),
+		hooks: Hooks{OnDrop: func(string, bool) {}}}
 	tr.nnodes.Store(2)
 	tr.marked(&node{}, "me:1")
 	tr.marked(&node{}, "me:1")
@@ -47,7 +48,7 @@ func TestOwnMarkersIgnoredAndDropsAcknowledge(t *testing.T) {
 
 	tr.marked(&node{}, "writer:7")
 	require.Empty(t, tr.acks)
-	tr.ackAll()
+	tr.dropAll(false)
 	require.Len(t, tr.acks, 1)
 	assert.Equal(t, "writer:7", <-tr.acks)
 	assert.Empty(t, tr.marks)

@@ -106,3 +106,75 @@ func TestWriteIsAcknowledged(t *testing.T) {
 	assert.Zero(t, lapses.Load(), "the writer waited out a running lease")
 	assert.Equal(t, "1", admin.Get(t.Context(), p+"k").Val())
 }
+
+// markers subscribes to the marker channel of p and returns a count of
+// what was published there so far (a PING's PONG follows every message
+// published before it).
+func markers(t *testing.T, addr, p string) func() int {
+	t.Helper()
+	rdb := redistest.Client(t, addr)
+	sub := rdb.Subscribe(t.Context(), markChannel(p))
+	t.Cleanup(func() { _ = sub.Close() })
+	_, err := sub.Receive(t.Context())
+	require.NoError(t, err)
+	n := 0
+	return func() int {
+		require.NoError(t, sub.Ping(t.Context()))
+		for {
+			msg, err := sub.Receive(t.Context())
+			require.NoError(t, err)
+			switch msg.(type) {
+			case *redis.Message:
+				n++
+			case *redis.Pong:
+				return n
+			}
+		}
+	}
+}
+
+// On a single server the marker is a key that the write's own pipeline
+// writes and deletes, whose invalidation reaches every holder after the
+// write's: a write is acknowledged without the marker being published,
+// which the writer does only to ask again for an acknowledgement it
+// missed.
+func TestSingleServerMarkerIsAKey(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	const lease = 3 * time.Second
+	holder := New(redistest.Client(t, addr), p, lease, Hooks{})
+	defer holder.Close()
+	wrdb := redistest.Client(t, addr)
+	var lapses atomic.Int64
+	w := New(wrdb, p, lease, Hooks{OnLapse: func(string) { lapses.Add(1) }})
+	defer w.Close()
+	require.True(t, eventually(func() bool { return holder.Serving() && w.Serving() }), "never serving")
+	require.NoError(t, admin.HSet(t.Context(), RegistryKey(p), "~since", 0).Err())
+	published := markers(t, addr, p)
+	for i := range 3 {
+		write(t, w, wrdb, p+"k", i)
+	}
+	assert.Zero(t, published(), "markers published: the marker key did not reach the holder")
+	assert.Zero(t, lapses.Load())
+}
+
+// While acknowledgements are missing the writer publishes its marker again
+// every quarter lease, at most maxAsks times; not when none is missing.
+func TestWriterAsksAgainWhileAcknowledgementsAreMissing(t *testing.T) {
+	addr := redistest.Addr(t)
+	p := redistest.Prefix(t, redistest.Client(t, addr))
+	tr := &Tracker{rdb: redistest.Client(t, addr), markCh: markChannel(p), lease: time.Second}
+	published := markers(t, addr, p)
+	quarter := int64(tr.lease / 4)
+	a := &asker{t: tr, marker: "w:1", next: quarter}
+	a.step(t.Context(), quarter, 0, false)
+	require.True(t, eventually(func() bool { return !a.asking.Load() }))
+	assert.Zero(t, published(), "asked with nothing missing")
+	for i := range 6 {
+		now := int64(i) * quarter
+		a.step(t.Context(), now, now+10*quarter, true)
+		require.True(t, eventually(func() bool { return !a.asking.Load() }))
+	}
+	assert.Equal(t, 2, published(), "asks in six quarter leases: want maxAsks, at most twice as documented")
+}

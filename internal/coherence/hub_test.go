@@ -1,4 +1,4 @@
-// This file tests the connections a hub shares: which prefixes they track, and overlapping prefixes on one connection.
+// This file tests the connections a hub shares: which prefixes they track, overlapping prefixes on one connection, and a change of masters.
 
 package coherence
 
@@ -124,4 +124,28 @@ func TestResignPingsEverySubscribedConnection(t *testing.T) {
 		assert.GreaterOrEqual(t, up.pong.Load(), pinged(up), "round %d: resign returned before its PONG", round)
 		down.subbed.Store(true)
 	}
+}
+
+// A change in the set of masters (here a Ring's shard removed: its keys now
+// live on the other, whose writes this process never tracked for them)
+// empties memory once the change is seen, and memory is served again over
+// the connections left.
+func TestShardRemovedEmptiesMemory(t *testing.T) {
+	a, b := redistest.NewServer(t), redistest.NewServer(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	var drops atomic.Int64
+	tr := New(ring, "shards:", time.Second, Hooks{OnDrop: func(_ string, all bool) {
+		if all {
+			drops.Add(1)
+		}
+	}})
+	defer tr.Close()
+	require.True(t, eventually(tr.Serving), "never serving")
+	require.Len(t, tr.ConnIDs(), 2)
+	before := drops.Load()
+	ring.SetAddrs(map[string]string{"a": a.Addr})
+	require.True(t, eventually(func() bool { return len(tr.ConnIDs()) == 1 }), "the removed shard's connection was kept")
+	assert.Greater(t, drops.Load(), before, "memory kept across a change of masters")
+	assert.True(t, eventually(tr.Serving), "never serving again")
 }

@@ -1,8 +1,9 @@
-// This file tests the Tracker's face: tickets, serving, and Close giving the lease back.
+// This file tests the Tracker's face: tickets, serving, keys every value depends on, and Close giving the lease back.
 
 package coherence
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,4 +71,33 @@ func TestCloseResignsTheLease(t *testing.T) {
 	tr.Close()
 	assert.False(t, tr.Serving(), "serving after Close")
 	assert.False(t, admin.HExists(t.Context(), RegistryKey(p), tr.ID()).Val(), "a closed tracker still holds its lease")
+}
+
+// A key every value depends on (Hooks.Global: the tag versions) written in
+// Redis empties memory and voids every read in flight, not only those of
+// its stripe.
+func TestGlobalKeyEmptiesMemory(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	var all atomic.Int64
+	tr := New(redistest.Client(t, addr), p, time.Second, Hooks{
+		OnDrop: func(_ string, a bool) {
+			if a {
+				all.Add(1)
+			}
+		},
+		Global: func(key string) bool { return key == p+"version" },
+	})
+	defer tr.Close()
+	require.True(t, eventually(tr.Serving), "never serving")
+	value := "value"
+	for i := 0; tr.stripe(p+value) == tr.stripe(p+"version"); i++ {
+		value = "value" + string(rune('a'+i))
+	}
+	before := all.Load()
+	tk := tr.Ticket(p + value)
+	require.NoError(t, admin.Set(t.Context(), p+"version", 1, 0).Err())
+	assert.True(t, eventually(func() bool { return all.Load() > before }), "the global key's write did not empty memory")
+	assert.False(t, tr.Valid(tk), "a read of another key, begun before, may be kept")
 }
