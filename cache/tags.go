@@ -66,9 +66,7 @@ func (c *Cache[V]) deleteVersions(ctx context.Context, keys []string) error {
 	}
 	all := append([]string{c.tags.Clock}, keys...)
 	mem := tagMemory.Milliseconds()
-	return c.writeConfirmed(ctx, keys, func(err error) errClass { return c.redisCall(keys[0], err) },
-		func(p redis.Pipeliner) { p.Eval(ctx, tagsLua, all, mem) },
-		func() error { return tagsScript.Run(ctx, c.rdb, all, mem).Err() })
+	return c.writeScript(ctx, keys[0], tagsScript, all, mem)
 }
 
 // deleteByTag is DeleteByTag.
@@ -88,20 +86,30 @@ func (c *Cache[V]) deleteByTag(ctx context.Context, tags []string) error {
 	return c.deleteVersions(ctx, c.tags.Keys(tags))
 }
 
+// tagGate keeps the reads of tag versions off Redis while the breaker is
+// open (see tags.Versions.Guard). It does not probe: the flight, load or
+// write that reads them has asked the breaker already, and a read that
+// follows a successful probe finds it closed.
+func (c *Cache[V]) tagGate() error {
+	if c.brk.Open() {
+		return c.brk.Err()
+	}
+	return nil
+}
+
 // stampRead returns the stamp of a record that record.Decode accepted,
 // and whether the record is current. A Cache without WithTags checks only
 // stamped records; one with it counts an unstamped record as stamped at
 // clock 0 (written by a process without tags: current until a Clear). A
-// version that cannot be read makes the record a miss, reported as a
-// Redis error.
-func (c *Cache[V]) stampRead(key string, b []byte, current func(record.Stamp) (bool, error)) (*record.Stamp, bool) {
+// version that cannot be read makes the record a miss (the read's Redis
+// error was recorded by the read itself; see tags.Versions.Guard).
+func (c *Cache[V]) stampRead(_ string, b []byte, current func(record.Stamp) (bool, error)) (*record.Stamp, bool) {
 	st, ok := record.ReadStamp(b)
 	if !ok && !c.cfg.tags {
 		return nil, true
 	}
 	cur, err := current(st)
 	if err != nil {
-		c.redisCall(key, err)
 		return nil, false
 	}
 	return &st, cur

@@ -87,3 +87,7 @@ func IsUnknownCommand(err error) bool {
 	msg := strings.ToLower(err.Error())
 	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
 }
+
+// IsNoScript reports a NOSCRIPT reply: an EVALSHA of a script the server
+// does not have (never loaded there, or flushed), which ran nothing.
+func IsNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
