@@ -70,7 +70,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify
-	c.tags.Guard(c.tagGate, func(key string, err error) { c.redisCall(key, err) })
+	c.guardTags()
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.Within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/record"
+	"github.com/stampede-go/stampede/internal/rediserr"
 )
 
 var (
@@ -86,15 +87,28 @@ func (c *Cache[V]) deleteByTag(ctx context.Context, tags []string) error {
 	return c.deleteVersions(ctx, c.tags.Keys(tags))
 }
 
-// tagGate keeps the reads of tag versions off Redis while the breaker is
-// open (see tags.Versions.Guard). It does not probe: the flight, load or
-// write that reads them has asked the breaker already, and a read that
-// follows a successful probe finds it closed.
-func (c *Cache[V]) tagGate() error {
-	if c.brk.Open() {
-		return c.brk.Err()
-	}
-	return nil
+// guardTags puts the reads of tag versions behind the breaker (see
+// tags.Versions.Guard), as any Redis call of the Cache: kept off Redis
+// while it is open, their outcomes recorded. The gate does not probe: the
+// flight, load or write that reads them asked the breaker already, and a
+// read after a successful probe finds it closed. Neither function holds
+// the Cache: the near caches' shared connections reach the versions, and a
+// Cache dropped without Close must stay collectable (see New).
+func (c *Cache[V]) guardTags() {
+	brk, cluster := c.brk, c.cluster
+	ev := &config{counts: c.cfg.counts, observer: c.cfg.observer, onError: c.cfg.onError}
+	c.tags.Guard(func() error {
+		if brk.Open() {
+			return brk.Err()
+		}
+		return nil
+	}, func(key string, err error) {
+		class := rediserr.Classify(err, cluster)
+		brk.Record(key, class, err)
+		if class != errNone {
+			ev.emit(EventRedisError, key, 0, err)
+		}
+	})
 }
 
 // stampRead returns the stamp of a record that record.Decode accepted,
