@@ -54,6 +54,13 @@ type Cache[V any] struct {
 // of any types share the keyspace, and a record one of them cannot decode is
 // reported as [EventDecodeError].
 //
+// Give it a client whose calls end at their context's deadline
+// (ContextTimeoutEnabled: true in the go-redis options, with ReadTimeout
+// and WriteTimeout of about 100ms): the cache bounds every call by the load
+// timeout, but a client without it lets a hung Redis hold each call for its
+// own read timeout, and FailOpen never gets to load. New warns once per
+// client, through the logger (see [WithLogger]), of a client without it.
+//
 // Every Cache on the same client (the same pointer) shares one set of
 // resources: one subscription per Redis master for its waiters, one circuit
 // breaker per breaker setting (see [WithCircuitBreaker]) and what is known

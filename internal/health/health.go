@@ -24,6 +24,7 @@ type State struct {
 	down    atomic.Bool   // an outage is in progress: its first failure was logged
 	fullAt  atomic.Int64  // clock.Now of the last OOM reply; 0: none yet
 	episode atomic.Uint64 // episodes of memory pressure begun (see full)
+	warned  atomic.Bool   // the client was said to be unbounded (see WarnUnbounded)
 
 	mu      sync.Mutex
 	loggers map[*slog.Logger]int // by the caches using each; nil: slog.Default(); protected by mu
