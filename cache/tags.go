@@ -89,16 +89,15 @@ func (c *Cache[V]) deleteByTag(ctx context.Context, tags []string) error {
 
 // guardTags puts the reads of tag versions behind the breaker (see
 // tags.Versions.Guard), as any Redis call of the Cache: kept off Redis
-// while it is open, their outcomes recorded. The gate does not probe: the
-// flight, load or write that reads them asked the breaker already, and a
-// read after a successful probe finds it closed. Neither function holds
+// while it is open but for its probe, their outcomes recorded (a read
+// that follows a successful probe finds it closed). Neither function holds
 // the Cache: the near caches' shared connections reach the versions, and a
 // Cache dropped without Close must stay collectable (see New).
 func (c *Cache[V]) guardTags() {
 	brk, cluster := c.brk, c.cluster
 	ev := &config{counts: c.cfg.counts, observer: c.cfg.observer, onError: c.cfg.onError}
 	c.tags.Guard(func() error {
-		if brk.Open() {
+		if !brk.Allow() {
 			return brk.Err()
 		}
 		return nil

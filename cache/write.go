@@ -41,12 +41,12 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	if err != nil {
 		return err
 	}
-	if !c.brk.Allow() {
-		return c.brk.Err()
-	}
-	st, err := c.tags.Stamp(ctx, tags.Merge(o.store.tags, nil))
+	st, err := c.tags.Stamp(ctx, tags.Merge(o.store.tags, nil)) // behind the breaker (see guardTags)
 	if err != nil {
 		return err
+	}
+	if !c.brk.Allow() { // after the stamp: a read of the clock may have been the probe
+		return c.brk.Err()
 	}
 	data, err := c.marshal(v)
 	if err != nil {
