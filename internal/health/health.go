@@ -134,6 +134,9 @@ var unsupported sync.Map // addresses of servers said to lack client-side cachin
 // caching, which every cache on every client of it meets alike, once per
 // process and server, as a warning; otherwise as an error.
 func (h *State) NearRefused(prefix string, err error) {
+	if rediserr.IsClosed(err) { // the program closed the client: not Redis refusing, and the calls return it
+		return
+	}
 	if rediserr.IsUnknownCommand(err) {
 		if _, seen := unsupported.LoadOrStore(h.addr, true); !seen {
 			h.log(slog.LevelWarn, "cache: near cache off: this Redis server has no client-side caching (CLIENT TRACKING, Redis 6.0 or later); reads go to Redis",
