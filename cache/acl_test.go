@@ -36,7 +36,7 @@ func aclUser(t *testing.T, rule []any) (user func() *redis.Client, admin *redis.
 	args := append([]any{"ACL", "SETUSER", "product-svc", "on", ">secret", "resetkeys", "resetchannels"}, rule...)
 	require.NoError(t, admin.Do(t.Context(), args...).Err())
 	return func() *redis.Client {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "product-svc", Password: "secret"})
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "product-svc", Password: "secret", ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = rdb.Close() })
 		return rdb
 	}, admin

@@ -54,6 +54,13 @@ type Cache[V any] struct {
 // of any types share the keyspace, and a record one of them cannot decode is
 // reported as [EventDecodeError].
 //
+// Give it a client whose calls end at their context's deadline
+// (ContextTimeoutEnabled: true in the go-redis options, with ReadTimeout
+// and WriteTimeout of about 100ms): the cache bounds every call by the load
+// timeout, but a client without it lets a hung Redis hold each call for its
+// own read timeout, and FailOpen never gets to load. New warns once per
+// client, through the logger (see [WithLogger]), of a client without it.
+//
 // Every Cache on the same client (the same pointer) shares one set of
 // resources: one subscription per Redis master for its waiters, one circuit
 // breaker per breaker setting (see [WithCircuitBreaker]) and what is known
@@ -70,6 +77,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 	_, c.cluster = rdb.(*redis.ClusterClient)
 	c.share = acquire(rdb, &c.cfg, reflect.TypeFor[V]())
 	c.brk, c.notify = c.share.brk, c.share.notify
+	c.guardTags()
 	// A Cache dropped without Close gives its hold back when collected.
 	runtime.AddCleanup(c, func(s *share) { go s.release() }, c.share)
 	c.redisio = redisio.New(rdb, func() context.Context { return c.deadline.Within(context.Background(), c.cfg.loadTimeout, time.Now()) }, c.cfg.replicaReads)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/cache"
@@ -33,7 +34,12 @@ func findProducts(_ context.Context, ids []string) (map[string]Product, error) {
 
 func ExampleCache_GetOrLoadMany() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 
 	products := cache.New[Product](rdb, cache.WithPrefix("example:many:product:"))

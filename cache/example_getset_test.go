@@ -31,7 +31,12 @@ import (
 func uniquePrefix(name string) string {
 	prefix := name + strconv.FormatUint(rand.Uint64(), 36) + ":"
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	if now, err := rdb.Time(ctx).Result(); err == nil {
 		registry := coherence.RegistryKey(prefix)
@@ -45,7 +50,12 @@ func uniquePrefix(name string) string {
 // page that shows a product only if it is cached, or for a check.
 func ExampleCache_Get() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix(uniquePrefix("example:get:product:")))
 	defer products.Close()
@@ -74,7 +84,12 @@ func ExampleCache_Get() {
 // process: that load's lock is voided, so its commit writes nothing.
 func ExampleCache_Set() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix(uniquePrefix("example:set:product:")))
 	defer products.Close()

@@ -18,7 +18,12 @@ import (
 // with SetTTL, called with the context the loader was given.
 func ExampleSetTTL() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	prefix := uniquePrefix("example:setttl:rate:")
 	rates := cache.New[float64](rdb,
@@ -46,7 +51,12 @@ func ExampleSetTTL() {
 // without caching it, so that the next call tries the service again.
 func ExampleDoNotCache() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	recs := cache.New[[]string](rdb, cache.WithPrefix(uniquePrefix("example:donotcache:recs:")))
 	defer recs.Close()

@@ -21,7 +21,12 @@ import (
 // process's own Delete and Set drop it before they return.
 func ExampleWithNearCache() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	var fromMemory atomic.Int64
 	products := cache.New[Product](rdb,

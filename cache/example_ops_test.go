@@ -19,7 +19,12 @@ import (
 // gets the old value, marked stale, instead of an error.
 func ExampleCache_Expire() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix(uniquePrefix("example:expire:product:")), cache.WithStale(time.Hour))
 	defer products.Close()
@@ -50,7 +55,12 @@ func ExampleCache_Expire() {
 // process's memory; Stats counts where reads were served from.
 func ExampleSkipNear() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix(uniquePrefix("example:skipnear:product:")), cache.WithoutNearCache())
 	defer products.Close()
@@ -70,7 +80,12 @@ func ExampleSkipNear() {
 // loader once it knows the category.
 func ExampleCache_DeleteByTag() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix(uniquePrefix("example:tags:product:")), cache.WithTags())
 	defer products.Close()
@@ -97,7 +112,12 @@ func ExampleCache_DeleteByTag() {
 // Clear drops every value of the Cache, in every process, in one write.
 func ExampleCache_Clear() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix(uniquePrefix("example:clear:product:")), cache.WithTags())
 	defer products.Close()

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/cache"
@@ -21,7 +22,12 @@ import (
 // safe for concurrent use.
 func ExampleWithObserver() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 
 	var mu sync.Mutex
@@ -70,7 +76,12 @@ func (gobCodec) Unmarshal(data []byte, v any) error {
 // cannot read count as a miss and are replaced by the next load.
 func ExampleWithCodec() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb,
 		cache.WithPrefix(uniquePrefix("example:codec:product:")),

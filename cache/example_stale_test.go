@@ -27,7 +27,12 @@ var errDatabaseDown = errors.New("database unreachable")
 // in the background (at most once per WithStaleThrottle while it fails).
 func ExampleWithStale() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb,
 		cache.WithPrefix(uniquePrefix("example:stale:product:")),
@@ -61,7 +66,12 @@ func ExampleWithStale() {
 // answers in time, and the stale one if not (the refresh goes on).
 func ExampleWithSoftLoadTimeout() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	prices := cache.New[int](rdb,
 		cache.WithPrefix(uniquePrefix("example:softtimeout:price:")),
@@ -96,7 +106,12 @@ func ExampleWithSoftLoadTimeout() {
 // about 200ms before the expiry) and on beta.
 func ExampleWithEarlyRefresh() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	refreshed := make(chan struct{}, 1)
 	rankings := cache.New[string](rdb,
@@ -144,7 +159,12 @@ func ExampleWithEarlyRefresh() {
 // stored before the process exits. Close the caches before the client.
 func ExampleCache_Close() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close() // deferred first: runs last, after the caches are closed
 	prefix := uniquePrefix("example:close:price:")
 	prices := cache.New[int](rdb,

@@ -38,7 +38,15 @@ func findProduct(_ context.Context, id string) (Product, error) {
 
 func Example() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	// Calls bounded by the cache's deadlines and short timeouts: a hung
+	// Redis costs a call 100ms, and FailOpen loads meanwhile (New warns
+	// about a client without ContextTimeoutEnabled).
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 
 	products := cache.New[Product](rdb, cache.WithPrefix("example:product:"), cache.WithTTL(10*time.Minute))
@@ -68,7 +76,12 @@ func Example() {
 
 func ExampleNew() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 
 	// Product 42 is cached at "example:new:product:42" for 10 minutes, and a
@@ -102,7 +115,12 @@ func ExampleNew() {
 
 func ExampleCache_GetOrLoad() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix("example:product:"))
 	defer products.Close()
@@ -126,7 +144,12 @@ func ExampleCache_GetOrLoad() {
 
 func ExampleCache_Delete() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                  os.Getenv("REDIS_ADDR"),
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	})
 	defer rdb.Close()
 	products := cache.New[Product](rdb, cache.WithPrefix("example:delete:product:"))
 	defer products.Close()
@@ -157,7 +180,8 @@ func ExampleCache_Delete() {
 func ExampleWithErrorHook() {
 	ctx := context.Background()
 	// Redis is down: nothing listens on this port.
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true,
+		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond})
 	defer rdb.Close()
 
 	// Under the default FailOpen policy callers still get the database's
@@ -187,7 +211,8 @@ func ExampleWithErrorHook() {
 func ExampleWithFailurePolicy() {
 	ctx := context.Background()
 	// Redis is down: nothing listens on this port.
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true,
+		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond})
 	defer rdb.Close()
 
 	// When an unprotected load would hurt more than an error (a report that
@@ -214,7 +239,10 @@ func ExampleWithFailurePolicy() {
 // In production the client only needs seed addresses:
 //
 //	rdb := redis.NewClusterClient(&redis.ClusterOptions{
-//		Addrs: []string{"redis-0:6379", "redis-1:6379", "redis-2:6379"},
+//		Addrs:                 []string{"redis-0:6379", "redis-1:6379", "redis-2:6379"},
+//		ContextTimeoutEnabled: true,
+//		ReadTimeout:           100 * time.Millisecond,
+//		WriteTimeout:          100 * time.Millisecond,
 //	})
 //
 // The example runs in CI, where there is one Redis and no cluster: its
@@ -225,7 +253,10 @@ func ExampleNew_cluster() {
 	ctx := context.Background()
 	addr := os.Getenv("REDIS_ADDR")
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: []string{addr},
+		Addrs:                 []string{addr},
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
 		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) { // for the example only
 			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: addr}}}}, nil
 		},

@@ -98,7 +98,7 @@ func TestWrongAddressLogsOncePerOutage(t *testing.T) {
 func TestOutageLoggedAgainAfterRecovery(t *testing.T) {
 	// Not parallel: it replaces slog.Default, where other tests' caches log.
 	srv := redistest.PrivateServer(t, "it stops and restarts the server")
-	rdb := redis.NewClient(dialOnce(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond}))
+	rdb := redis.NewClient(dialOnce(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ContextTimeoutEnabled: true}))
 	defer rdb.Close()
 	logs := &logCapture{}
 	mine := slog.New(logs)

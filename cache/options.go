@@ -108,6 +108,7 @@ func newConfig(opts []Option) config {
 		}
 		o(&c)
 	}
+	c.quietBreaker()
 	if c.breaker.failures == 0 && c.breaker.coolDown == 0 {
 		c.breaker.failures, c.breaker.coolDown = DefaultBreakerFailures, DefaultBreakerCoolDown
 	}
@@ -263,9 +264,35 @@ func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.poli
 // reads still work: the cache serves hits and returns loaded values
 // uncached). Use it for logs and metrics; the cache itself logs only what
 // [WithLogger] says. fn runs on the loading goroutine, so it must be quick and safe
-// for concurrent use. Default: none.
+// for concurrent use. A call the open circuit breaker kept from Redis is
+// not reported: the outage was, when it began (its failures, then
+// [EventBreakerOpen] and the log), so an outage costs the hook a few
+// calls, not one per request. Given more than once, every fn gets every
+// error, in the order given (as [WithObserver]). Default: none.
 func WithErrorHook(fn func(key string, err error)) Option {
-	return func(c *config) { c.onError = fn }
+	return func(c *config) {
+		if prev := c.onError; prev != nil && fn != nil {
+			c.onError = func(key string, err error) { defer fn(key, err); prev(key, err) } // deferred: fn hears it even if prev panics
+			return
+		}
+		if fn != nil {
+			c.onError = fn
+		}
+	}
+}
+
+// quietBreaker keeps from the error hook the errors of calls the open
+// breaker kept from Redis, whichever path absorbed them.
+func (c *config) quietBreaker() {
+	hook := c.onError
+	if hook == nil {
+		return
+	}
+	c.onError = func(key string, err error) {
+		if !errors.Is(err, ErrCircuitOpen) {
+			hook(key, err)
+		}
+	}
 }
 
 // WithEarlyRefresh sets how eagerly a hit refreshes its value before the TTL

@@ -22,4 +22,5 @@ func (c *Cache[V]) classify(err error) errClass { return rediserr.Classify(err, 
 var (
 	isWrongType = rediserr.IsWrongType
 	isReply     = rediserr.IsReply
+	isNoScript  = rediserr.IsNoScript
 )

@@ -128,6 +128,7 @@ func acquire(rdb redis.UniversalClient, cfg *config, vt reflect.Type) *share {
 	s.prefix, s.claimed = cfg.prefix, claimed
 	s.logger = health.Logger{L: cfg.logger, Off: cfg.logOff}
 	r.health.Register(s.logger)
+	r.health.WarnUnbounded(rdb)
 	return s
 }
 

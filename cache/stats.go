@@ -24,9 +24,12 @@ type Stats struct {
 	Refreshes   int64 // background refreshes that ran (EventRefresh)
 	LeaseWaits  int64 // writes that waited out a near cache's lease (EventNearLeaseWait)
 	LoadsVoided int64 // loaded values a Delete or Set kept out of Redis (EventLoadVoided)
-	BreakerOpen bool  // the circuit breaker keeps calls off Redis now
-	NearEntries int64 // values in the near cache now (an estimate)
-	NearBytes   int64 // their weight against the near cache's budget (updated in batches)
+	// DecodeErrors counts records the codec could not decode
+	// (EventDecodeError): another value type or program writing the keys.
+	DecodeErrors int64
+	BreakerOpen  bool  // the circuit breaker keeps calls off Redis now
+	NearEntries  int64 // values in the near cache now (an estimate)
+	NearBytes    int64 // their weight against the near cache's budget (updated in batches)
 }
 
 const (
@@ -54,5 +57,6 @@ func (s *counters) snapshot() Stats {
 		Loads: s.Sum(int(EventLoad)), LoadErrors: s.Sum(loadErrors), Waits: s.Sum(int(EventWait)),
 		StaleServed: s.Sum(int(EventStaleServed)), Refreshes: s.Sum(int(EventRefresh)),
 		LeaseWaits: s.Sum(int(EventNearLeaseWait)), LoadsVoided: s.Sum(int(EventLoadVoided)),
+		DecodeErrors: s.Sum(int(EventDecodeError)),
 	}
 }

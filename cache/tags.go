@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/record"
+	"github.com/stampede-go/stampede/internal/rediserr"
 )
 
 var (
@@ -66,9 +67,7 @@ func (c *Cache[V]) deleteVersions(ctx context.Context, keys []string) error {
 	}
 	all := append([]string{c.tags.Clock}, keys...)
 	mem := tagMemory.Milliseconds()
-	return c.writeConfirmed(ctx, keys, func(err error) errClass { return c.redisCall(keys[0], err) },
-		func(p redis.Pipeliner) { p.Eval(ctx, tagsLua, all, mem) },
-		func() error { return tagsScript.Run(ctx, c.rdb, all, mem).Err() })
+	return c.writeScript(ctx, keys[0], tagsScript, all, mem)
 }
 
 // deleteByTag is DeleteByTag.
@@ -88,20 +87,42 @@ func (c *Cache[V]) deleteByTag(ctx context.Context, tags []string) error {
 	return c.deleteVersions(ctx, c.tags.Keys(tags))
 }
 
+// guardTags puts the reads of tag versions behind the breaker (see
+// tags.Versions.Guard), as any Redis call of the Cache: kept off Redis
+// while it is open but for its probe, their outcomes recorded (a read
+// that follows a successful probe finds it closed). Neither function holds
+// the Cache: the near caches' shared connections reach the versions, and a
+// Cache dropped without Close must stay collectable (see New).
+func (c *Cache[V]) guardTags() {
+	brk, cluster := c.brk, c.cluster
+	ev := &config{counts: c.cfg.counts, observer: c.cfg.observer, onError: c.cfg.onError}
+	c.tags.Guard(func() error {
+		if !brk.Allow() {
+			return brk.Err()
+		}
+		return nil
+	}, func(key string, err error) {
+		class := rediserr.Classify(err, cluster)
+		brk.Record(key, class, err)
+		if class != errNone {
+			ev.emit(EventRedisError, key, 0, err)
+		}
+	})
+}
+
 // stampRead returns the stamp of a record that record.Decode accepted,
 // and whether the record is current. A Cache without WithTags checks only
 // stamped records; one with it counts an unstamped record as stamped at
 // clock 0 (written by a process without tags: current until a Clear). A
-// version that cannot be read makes the record a miss, reported as a
-// Redis error.
-func (c *Cache[V]) stampRead(key string, b []byte, current func(record.Stamp) (bool, error)) (*record.Stamp, bool) {
+// version that cannot be read makes the record a miss (the read's Redis
+// error was recorded by the read itself; see tags.Versions.Guard).
+func (c *Cache[V]) stampRead(_ string, b []byte, current func(record.Stamp) (bool, error)) (*record.Stamp, bool) {
 	st, ok := record.ReadStamp(b)
 	if !ok && !c.cfg.tags {
 		return nil, true
 	}
 	cur, err := current(st)
 	if err != nil {
-		c.redisCall(key, err)
 		return nil, false
 	}
 	return &st, cur

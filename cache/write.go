@@ -41,9 +41,12 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	if err != nil {
 		return err
 	}
-	st, err := c.tags.Stamp(ctx, tags.Merge(o.store.tags, nil))
+	st, err := c.tags.Stamp(ctx, tags.Merge(o.store.tags, nil)) // behind the breaker (see guardTags)
 	if err != nil {
 		return err
+	}
+	if !c.brk.Allow() { // after the stamp: a read of the clock may have been the probe
+		return c.brk.Err()
 	}
 	data, err := c.marshal(v)
 	if err != nil {
@@ -53,9 +56,7 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	defer c.nearDrop(key)
 	rec, px := c.wrap(data, 0, ttl, st)
 	keys, args := []string{key, LockKey(key)}, []any{rec, px.Milliseconds(), c.notify.Channel(key)}
-	return c.writeConfirmed(ctx, []string{key}, func(err error) errClass { return c.redisCall(key, err) },
-		func(p redis.Pipeliner) { p.Eval(ctx, setLua, keys, args...) },
-		func() error { return setScript.Run(ctx, c.rdb, keys, args...).Err() })
+	return c.writeScript(ctx, key, setScript, keys, args...)
 }
 
 // delete is Delete.
@@ -71,13 +72,16 @@ func (c *Cache[V]) delete(ctx context.Context, keys []string) error {
 		}
 		full[i] = k
 	}
+	if !c.brk.Allow() {
+		return c.brk.Err()
+	}
 	defer func() {
 		c.nearDrop(full...)
 		for _, k := range full {
 			c.group.Forget(k) // later callers must not join a flight that began before the delete
 		}
 	}()
-	return c.writeConfirmed(ctx, full, func(err error) errClass { return c.redisCall(full[0], err) },
+	return c.writeConfirmed(ctx, full, nil,
 		func(p redis.Pipeliner) { delCmds(ctx, p, full) },
 		func() error { return c.del(ctx, full) })
 }
@@ -116,14 +120,27 @@ func delCmds(ctx context.Context, p redis.Pipeliner, keys []string) {
 	}
 }
 
+// writeScript is writeConfirmed for a write of key that is one run of
+// script: by its hash, in the confirmation's pipeline too, as
+// redis.Script.Run sends it alone (EVAL only after a NOSCRIPT).
+func (c *Cache[V]) writeScript(ctx context.Context, key string, script *redis.Script, keys []string, args ...any) error {
+	return c.writeConfirmed(ctx, []string{key}, script,
+		func(p redis.Pipeliner) { script.EvalSha(ctx, p, keys, args...) },
+		func() error { return script.Run(ctx, c.rdb, keys, args...).Err() })
+}
+
 // writeConfirmed runs a write of keys (keys[0] names it in errors) within
-// the retry budget, outcome classifying its errors, and, on a client the
-// near cache supports, with or without a near cache in this process, its
-// confirmation (coherence.Tracker.Write): on a single server the
-// write's commands (pipe) and the confirmation in one pipeline, elsewhere
-// the write (direct) and then the confirmation. Once the write is done,
-// this process's memory drops keys before the wait for the others.
-func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome func(error) errClass, pipe func(redis.Pipeliner), direct func() error) error {
+// the retry budget and, on a client the near cache supports, with or
+// without a near cache in this process, its confirmation
+// (coherence.Tracker.Write): on a single server the write's commands
+// (pipe) and the confirmation in one pipeline, elsewhere the write
+// (direct) and then the confirmation. Once the write is done, this
+// process's memory drops keys before the wait for the others. script is
+// the one pipe runs by hash (nil: none): a server that lost it (SCRIPT
+// FLUSH, a restart) answers NOSCRIPT and ran nothing, so it is loaded and
+// the write sent again, once.
+func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, script *redis.Script, pipe func(redis.Pipeliner), direct func() error) error {
+	loaded := script == nil
 	for attempt := 1; ; attempt++ {
 		var wait func() error
 		var err error
@@ -132,7 +149,14 @@ func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, outcome fu
 		} else {
 			err = direct()
 		}
-		if outcome(err) == errNone {
+		if !loaded && isNoScript(err) {
+			loaded = true
+			if lerr := script.Load(ctx, c.rdb).Err(); lerr == nil {
+				attempt--
+				continue
+			}
+		}
+		if c.redisCall(keys[0], err) == errNone {
 			c.nearDrop(keys...)
 			if wait == nil {
 				return nil
@@ -186,7 +210,5 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	expired := record.Build(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load, TTL: f.TTL}, st, payload)
 	defer c.group.Forget(full) // later callers must not join a flight that began before
 	keys, args := []string{full, LockKey(full)}, []any{b, expired, c.notify.Channel(full)}
-	return c.writeConfirmed(ctx, []string{full}, func(err error) errClass { return c.redisCall(full, err) },
-		func(p redis.Pipeliner) { p.Eval(ctx, expireLua, keys, args...) },
-		func() error { return expireScript.Run(ctx, c.rdb, keys, args...).Err() })
+	return c.writeScript(ctx, full, expireScript, keys, args...)
 }

@@ -30,6 +30,8 @@
 //	cache.stale.served        counter    {value}       cache.stale.reason = refreshing | error
 //	cache.redis.errors        counter    {error}       failed Redis calls
 //	cache.breaker.transitions counter    {transition}  cache.breaker.state = open | closed
+//	cache.breaker.open        updown     {breaker}     1 while the breaker is open, 0 once closed
+//	cache.decode.errors       counter    {record}      a record the codec could not decode (another type or program)
 //	cache.near.hits           counter    {hit}         a value served from the near cache, no Redis call
 //	cache.near.removals       counter    {entry}       cache.near.reason = invalidation | eviction
 //	cache.near.drops          counter    {drop}        the near cache emptied: invalidations may have been missed

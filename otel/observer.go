@@ -75,20 +75,26 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 		errs = append(errs, err)
 		return h
 	}
+	open, err := m.Int64UpDownCounter("cache.breaker.open", metric.WithUnit("{breaker}"),
+		metric.WithDescription("Circuit breakers open now: 1 while the breaker of the cache keeps calls off Redis, 0 once it closed (summed over the caches sharing the name)."))
+	errs = append(errs, err)
 	o := &observer{
-		lookups:     counter("cache.lookups", "{lookup}", "Reads of a key in Redis, by result: a hit, or a miss that a load or a wait follows."),
-		contentions: counter("cache.lock.contentions", "{contention}", "Misses that found another holder loading the key, and waited for it."),
-		woken:       counter("cache.wait.woken", "{wait}", "Waits ended by the holder's notification rather than by polling."),
-		lockLost:    counter("cache.lock.lost", "{load}", "Loaded values not stored because the lock ran out while the holder was held up."),
-		loadVoided:  counter("cache.load.voided", "{load}", "Loaded values not stored because a Delete or Set of the key won over the load."),
-		staleServed: counter("cache.stale.served", "{value}", "Values past their TTL served, by reason: a refresh runs, or it failed."),
-		redisErrors: counter("cache.redis.errors", "{error}", "Redis calls that failed."),
-		breaker:     counter("cache.breaker.transitions", "{transition}", "Circuit breaker transitions, by the state entered."),
-		nearHits:    counter("cache.near.hits", "{hit}", "Values served from the near cache in process memory, with no Redis call (not counted in cache.lookups)."),
-		nearRemoved: counter("cache.near.removals", "{entry}", "Keys removed from the near cache, by reason: a write invalidated them, or the byte budget evicted them."),
-		nearDrops:   counter("cache.near.drops", "{drop}", "Times the whole near cache was emptied: invalidations could have been missed, or Redis was flushed."),
+		breakerOpenNow: open,
+		lookups:        counter("cache.lookups", "{lookup}", "Reads of a key in Redis, by result: a hit, or a miss that a load or a wait follows."),
+		contentions:    counter("cache.lock.contentions", "{contention}", "Misses that found another holder loading the key, and waited for it."),
+		woken:          counter("cache.wait.woken", "{wait}", "Waits ended by the holder's notification rather than by polling."),
+		lockLost:       counter("cache.lock.lost", "{load}", "Loaded values not stored because the lock ran out while the holder was held up."),
+		loadVoided:     counter("cache.load.voided", "{load}", "Loaded values not stored because a Delete or Set of the key won over the load."),
+		staleServed:    counter("cache.stale.served", "{value}", "Values past their TTL served, by reason: a refresh runs, or it failed."),
+		redisErrors:    counter("cache.redis.errors", "{error}", "Redis calls that failed."),
+		breaker:        counter("cache.breaker.transitions", "{transition}", "Circuit breaker transitions, by the state entered."),
+		nearHits:       counter("cache.near.hits", "{hit}", "Values served from the near cache in process memory, with no Redis call (not counted in cache.lookups)."),
+		nearRemoved:    counter("cache.near.removals", "{entry}", "Keys removed from the near cache, by reason: a write invalidated them, or the byte budget evicted them."),
+		nearDrops:      counter("cache.near.drops", "{drop}", "Times the whole near cache was emptied: invalidations could have been missed, or Redis was flushed."),
 		nearLeaseWaits: counter("cache.near.lease_waits", "{wait}",
 			"Deletes and Sets that waited out another process's near-cache lease (frozen, cut off) instead of its acknowledgement."),
+		decodeErrors: counter("cache.decode.errors", "{record}",
+			"Records read from Redis that the codec could not decode (another value type or program writes the keys), each treated as a miss."),
 		loadTime:    histogram("cache.load.duration", "Duration of the loader's calls, by outcome."),
 		waitTime:    histogram("cache.wait.duration", "Duration of waits for another holder's load, by outcome."),
 		refreshTime: histogram("cache.refresh.duration", "Duration of background refreshes, by outcome."),
@@ -122,7 +128,8 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 // for concurrent use.
 type observer struct {
 	lookups, contentions, woken, lockLost, loadVoided, staleServed, redisErrors, breaker metric.Int64Counter
-	nearHits, nearRemoved, nearDrops, nearLeaseWaits                                     metric.Int64Counter
+	nearHits, nearRemoved, nearDrops, nearLeaseWaits, decodeErrors                       metric.Int64Counter
+	breakerOpenNow                                                                       metric.Int64UpDownCounter
 	loadTime, waitTime, refreshTime                                                      metric.Float64Histogram
 
 	plain, hit, miss, staleRefreshing, staleError, breakerOpen, breakerClosed []metric.AddOption
@@ -163,8 +170,12 @@ func (o *observer) observe(e cache.Event) {
 		o.redisErrors.Add(ctx, 1, o.plain...)
 	case cache.EventBreakerOpen:
 		o.breaker.Add(ctx, 1, o.breakerOpen...)
+		o.breakerOpenNow.Add(ctx, 1, o.plain...)
 	case cache.EventBreakerClose:
 		o.breaker.Add(ctx, 1, o.breakerClosed...)
+		o.breakerOpenNow.Add(ctx, -1, o.plain...)
+	case cache.EventDecodeError:
+		o.decodeErrors.Add(ctx, 1, o.plain...)
 	case cache.EventNearHit:
 		o.nearHits.Add(ctx, 1, o.plain...)
 	case cache.EventNearInvalidation:

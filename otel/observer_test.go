@@ -203,6 +203,9 @@ func TestObserverBreaker(t *testing.T) {
 	if got := counter(points, "cache.breaker.transitions", name("products"), cacheotel.KeyBreakerState.String("open")); got != 1 {
 		t.Errorf("cache.breaker.transitions{open} = %d; want 1", got)
 	}
+	if got := counter(points, "cache.breaker.open", name("products")); got != 1 {
+		t.Errorf("cache.breaker.open = %d while open; want 1", got)
+	}
 	if n, _ := histogram(points, "cache.load.duration", name("products"), outcome("ok")); n != 3 {
 		t.Errorf("cache.load.duration{ok} count = %d; want 3 (FailOpen loads without Redis)", n)
 	}
@@ -220,6 +223,9 @@ func TestObserverBreaker(t *testing.T) {
 	points = m.collect(t)
 	if got := counter(points, "cache.breaker.transitions", name("products"), cacheotel.KeyBreakerState.String("closed")); got != 1 {
 		t.Errorf("cache.breaker.transitions{closed} = %d; want 1", got)
+	}
+	if got := counter(points, "cache.breaker.open", name("products")); got != 0 {
+		t.Errorf("cache.breaker.open = %d once closed; want 0", got)
 	}
 	if got := counter(points, "cache.redis.errors", name("products")); got != 2 {
 		t.Errorf("cache.redis.errors = %d after Redis came back; want still 2", got)
@@ -294,6 +300,7 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventNearEviction}, "cache.near.removals", []attribute.KeyValue{cacheotel.KeyNearReason.String("eviction")}},
 		{cache.Event{Kind: cache.EventNearDrop}, "cache.near.drops", nil},
 		{cache.Event{Kind: cache.EventNearLeaseWait}, "cache.near.lease_waits", nil},
+		{cache.Event{Kind: cache.EventDecodeError, Err: failed}, "cache.decode.errors", nil},
 		{cache.Event{Kind: 0}, "", nil},
 		{cache.Event{Kind: 200}, "", nil},
 	}
@@ -307,6 +314,13 @@ func TestObserverEachKind(t *testing.T) {
 			tt.event.Key = "secret-key-42"
 			m.observer(t, "c", cacheotel.WithAttributes(attribute.String("region", "eu")))(tt.event)
 			points := m.collect(t)
+			if open, ok := find(points, "cache.breaker.open", cacheotel.KeyName.String("c"), attribute.String("region", "eu")); ok {
+				want := map[cache.EventKind]int64{cache.EventBreakerOpen: 1, cache.EventBreakerClose: -1}[tt.event.Kind]
+				if want == 0 || open.value != want {
+					t.Errorf("cache.breaker.open = %d after %v; want %d", open.value, tt.event.Kind, want)
+				}
+				points = slices.DeleteFunc(points, func(p point) bool { return p.metric == "cache.breaker.open" })
+			}
 			if tt.metric == "" {
 				if len(points) != 0 {
 					t.Fatalf("data points %+v; want none", points)

@@ -20,7 +20,14 @@ type Product struct {
 }
 
 var products = cache.New[Product](
-	redis.NewClient(&redis.Options{Addr: "localhost:6379"}),
+	redis.NewClient(&redis.Options{
+		Addr: "localhost:6379",
+		// Calls end at the cache's deadlines: a hung Redis costs a call
+		// 100ms, not seconds, and FailOpen serves from MongoDB meanwhile.
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+	}),
 	cache.WithPrefix("product:"), // product 42 is cached at "product:42"
 	cache.WithTTL(10*time.Minute),
 )

@@ -72,7 +72,7 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 	keys := t.registries()
 	cmds, perr := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		write(p)
-		confirm = p.Eval(ctx, confirmLua, append(keys, t.markKeys+marker), "", marker)
+		confirm = confirmScript.EvalSha(ctx, p, append(keys, t.markKeys+marker), "", marker) // a NOSCRIPT confirms by the marker, below
 		return nil
 	})
 	recv := nanotime()

@@ -92,8 +92,13 @@ func (b *Breaker) Err() error {
 }
 
 // Record counts the outcome of a Redis call of key (err, of class c) and
-// tells the hearers when the breaker opens or closes with it.
+// tells the hearers when the breaker opens or closes with it. A call on a
+// client the program closed never reached Redis: it is not counted, nor
+// learnt (it is no outage, nor a reply that ends one).
 func (b *Breaker) Record(key string, c rediserr.Class, err error) {
+	if rediserr.IsClosed(err) {
+		return
+	}
 	switch b.count(c, err) {
 	case +1:
 		b.tell(true, key, err)

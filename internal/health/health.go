@@ -24,6 +24,7 @@ type State struct {
 	down    atomic.Bool   // an outage is in progress: its first failure was logged
 	fullAt  atomic.Int64  // clock.Now of the last OOM reply; 0: none yet
 	episode atomic.Uint64 // episodes of memory pressure begun (see full)
+	warned  atomic.Bool   // the client was said to be unbounded (see WarnUnbounded)
 
 	mu      sync.Mutex
 	loggers map[*slog.Logger]int // by the caches using each; nil: slog.Default(); protected by mu
@@ -133,6 +134,9 @@ var unsupported sync.Map // addresses of servers said to lack client-side cachin
 // caching, which every cache on every client of it meets alike, once per
 // process and server, as a warning; otherwise as an error.
 func (h *State) NearRefused(prefix string, err error) {
+	if rediserr.IsClosed(err) { // the program closed the client: not Redis refusing, and the calls return it
+		return
+	}
 	if rediserr.IsUnknownCommand(err) {
 		if _, seen := unsupported.LoadOrStore(h.addr, true); !seen {
 			h.log(slog.LevelWarn, "cache: near cache off: this Redis server has no client-side caching (CLIENT TRACKING, Redis 6.0 or later); reads go to Redis",

@@ -1,8 +1,9 @@
 // Package rediserr sorts the errors Redis calls return: transient cluster
 // states are waited out, outages go to the failure policy and the circuit
 // breaker, a full Redis is told apart from a down one, and everything else
-// (a wrong password, a missing permission, an unknown command) is a
-// misconfiguration returned to the caller under every policy.
+// (a wrong password, a missing permission, an unknown command, a client
+// the program closed) is a misconfiguration returned to the caller under
+// every policy.
 package rediserr
 
 import (
@@ -40,9 +41,12 @@ func Classify(err error, cluster bool) Class {
 	if err == nil || errors.Is(err, redis.Nil) {
 		return None
 	}
+	if IsClosed(err) { // the program closed the client: no wait or policy cures it
+		return Fatal
+	}
 	var reply redis.Error
 	if !errors.As(err, &reply) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return Outage // no reply: network, timeout, closed client
+		return Outage // no reply: network, timeout
 	}
 	for _, p := range transientPrefixes {
 		if redis.HasErrorPrefix(err, p) {
@@ -69,6 +73,11 @@ func isClusterOnly(err error) bool {
 	return false
 }
 
+// IsClosed reports a call on a go-redis client the program closed: a
+// programming error, returned as such, which says nothing of Redis's
+// health.
+func IsClosed(err error) bool { return errors.Is(err, redis.ErrClosed) }
+
 // IsWrongType reports a WRONGTYPE reply: a key of another type where a value
 // was expected.
 func IsWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }
@@ -87,3 +96,7 @@ func IsUnknownCommand(err error) bool {
 	msg := strings.ToLower(err.Error())
 	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
 }
+
+// IsNoScript reports a NOSCRIPT reply: an EVALSHA of a script the server
+// does not have (never loaded there, or flushed), which ran nothing.
+func IsNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }

@@ -338,7 +338,7 @@ func ping(addr string, within time.Duration) error {
 // Client returns a client of the Redis at addr, closed when the test ends.
 func Client(tb testing.TB, addr string) *redis.Client {
 	tb.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true}) // bounded, as the cache asks (see cache.New)
 	tb.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }

@@ -32,6 +32,8 @@ type Versions struct {
 	mget   func(ctx context.Context, keys []string) ([]any, error) // from the keys' master
 	on     bool                                                    // WithTags: a record without a stamp counts as stamped at clock 0
 	track  *coherence.Tracker                                      // the near cache's; nil: none, nothing is kept
+	gate   func() error                                            // non-nil error: keep the read off Redis (see Guard)
+	record func(key string, err error)                             // told of every read's outcome (see Guard)
 
 	mu   sync.Mutex
 	memo map[string]uint64 // versions by key, while track vouches for them
@@ -61,6 +63,15 @@ func New(rdb redis.UniversalClient, prefix string, on bool) *Versions {
 // cache's tracker, whose invalidation of a version key empties memory).
 // Called before any read.
 func (s *Versions) Track(track *coherence.Tracker) { s.track = track }
+
+// Guard puts every read from Redis behind a circuit breaker: gate is
+// asked first, and its error (the open breaker's) returned instead of
+// sending the read, so that an outage costs no dial here either; record
+// is told of each read's outcome (the first version key and the read's
+// error). Called before any read.
+func (s *Versions) Guard(gate func() error, record func(key string, err error)) {
+	s.gate, s.record = gate, record
+}
 
 // Forget drops the versions kept in memory.
 func (s *Versions) Forget() {
@@ -112,7 +123,15 @@ func (s *Versions) Read(ctx context.Context, keys []string) ([]uint64, error) {
 		}
 		tk = s.track.Ticket(keys[0]) // any key: their invalidation voids every ticket
 	}
+	if s.gate != nil {
+		if err := s.gate(); err != nil {
+			return nil, err
+		}
+	}
 	got, err := s.mget(ctx, keys)
+	if s.record != nil {
+		s.record(keys[0], err)
+	}
 	if err != nil {
 		return nil, err
 	}
