@@ -194,7 +194,9 @@ func (c *Cache[V]) Get(ctx context.Context, key string, opts ...CallOption) (V, 
 // one lease (1s) for a process frozen or cut off, about one lease in the
 // first second of a prefix's registry (see docs/GUARANTEES.md). Errors:
 // [ErrEmptyKey], [ErrReservedKey]; an encoding error (nothing is written);
-// a Redis error wrapped as "cache: redis: ...". Transient cluster errors
+// [ErrCircuitOpen] while the breaker is open (nothing is written: the
+// write failed, retry it once Redis answers); a Redis error wrapped as
+// "cache: redis: ...". Transient cluster errors
 // are retried within the retry budget. A ctx already ended returns
 // ctx.Err() at once, writing nothing.
 func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption) error {
@@ -210,7 +212,8 @@ func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption)
 // retried within the retry budget. With near caches it waits for their
 // acknowledgements as [Cache.Set] does. A ctx already ended returns
 // ctx.Err() at once, deleting nothing. Errors: [ErrEmptyKey],
-// [ErrReservedKey], or a Redis error wrapped as "cache: redis: ...".
+// [ErrReservedKey], [ErrCircuitOpen] while the breaker is open (nothing is
+// deleted), or a Redis error wrapped as "cache: redis: ...".
 func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 	return c.delete(ctx, keys)
 }
