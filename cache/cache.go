@@ -118,9 +118,9 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 // wait, the loader or a Redis call; a Redis error under [FailClosed] (or
 // [ErrCircuitOpen] while the breaker is open), and under every policy a
 // Redis reply that means misconfiguration (NOAUTH, WRONGPASS, NOPERM, an
-// unknown command); an encoding error when the codec cannot encode the
-// loaded value (nothing is cached). Errors the cache absorbs instead of
-// returning go to [WithErrorHook].
+// unknown command). A loaded value the codec cannot encode is returned
+// but not stored ([EventEncodeError], and the error hook once per key).
+// Errors the cache absorbs instead of returning go to [WithErrorHook].
 func (c *Cache[V]) GetOrLoad(ctx context.Context, key string, load func(ctx context.Context) (V, error), opts ...CallOption) (V, error) {
 	return c.getOrLoad(ctx, key, load, parseCall(opts))
 }

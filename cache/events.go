@@ -78,6 +78,13 @@ const (
 	// of its key ran while it loaded (the write wins, by design: the load
 	// may have read the source before the write). Not an error. Err: nil.
 	EventLoadVoided
+	// EventEncodeError: the codec could not encode a loaded value. The
+	// callers get the value, which is not stored. Err: the codec's error;
+	// the error hook hears of it too.
+	EventEncodeError
+	// EventUncachedLoad: under [FailOpen], a key Redis could not serve was
+	// loaded and returned without being stored.
+	EventUncachedLoad
 )
 
 var eventNames = [...]string{
@@ -86,7 +93,8 @@ var eventNames = [...]string{
 	EventRefresh: "refresh", EventRedisError: "redis_error", EventBreakerOpen: "breaker_open",
 	EventBreakerClose: "breaker_close", EventNearHit: "near_hit", EventNearInvalidation: "near_invalidation",
 	EventNearEviction: "near_eviction", EventNearDrop: "near_drop", EventDecodeError: "decode_error",
-	EventNearLeaseWait: "near_lease_wait", EventLoadVoided: "load_voided",
+	EventNearLeaseWait: "near_lease_wait", EventLoadVoided: "load_voided", EventEncodeError: "encode_error",
+	EventUncachedLoad: "uncached_load",
 }
 
 // String returns the kind's snake_case name, for metric and log labels.

@@ -135,7 +135,7 @@ func (c *Cache[V]) value(r *result[V]) (V, error) {
 		}
 		return zero, r.notFound
 	}
-	if r.hasV && !r.taken.Swap(true) {
+	if r.unencoded || r.hasV && !r.taken.Swap(true) {
 		return r.v, nil
 	}
 	return c.decodeCopy(r.data)

@@ -110,6 +110,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 			rs[i], errs[i] = c.resultOf(k.key, v, ok)
 		}
 		if k.lk == nil {
+			c.cfg.emit(EventUncachedLoad, k.key, 0, nil)
 			if rs[i] != nil {
 				rs[i].at = began // read from the source after this: a caller that joined later asks again
 			}
@@ -154,7 +155,13 @@ func (c *Cache[V]) resultOf(key string, v V, ok bool) (*result[V], error) {
 	}
 	data, err := c.marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("cache: encode value for %q: %w", key, err)
+		// The value is good, only not storable: its callers get it.
+		err = fmt.Errorf("cache: encode value for %q; it is returned but not stored: %w", key, err)
+		c.cfg.emit(EventEncodeError, key, 0, err)
+		if c.cfg.onError != nil && c.share.encodes.first(key) {
+			c.cfg.onError(key, err)
+		}
+		return &result[V]{v: v, hasV: true, unencoded: true}, nil
 	}
 	return &result[V]{data: data}, nil
 }
@@ -178,7 +185,7 @@ func (c *Cache[V]) lockEndFor(k loadKey, r *result[V], err error, opts *loadOpti
 		f := record.Freshness{Expiry: time.Now().Add(c.cfg.throttle), Load: took, TTL: k.kept} // its next refresh keeps the TTL too
 		end.record, end.stamp = record.Build(record.FlagThrottled, f, fb, k.fallback), fb
 		end.px = addSat(c.cfg.throttle, c.cfg.stale)
-	case err != nil, opts.noCache, r.notFound != nil && c.cfg.notFoundTTL == 0,
+	case err != nil, opts.noCache, r.unencoded, r.notFound != nil && c.cfg.notFoundTTL == 0,
 		r.notFound == nil && c.ttlFor(opts, k) <= 0:
 		// released: callers merged with the load get it (see DoNotCache, TTL)
 	case r.notFound != nil:

@@ -566,11 +566,18 @@ func TestGetOrLoadBadInput(t *testing.T) {
 	_, err = c.GetOrLoad(t.Context(), p+"k", nil)
 	assert.ErrorIs(t, err, ErrNilLoader)
 
-	// A value the codec cannot encode: a clear error, nothing cached, lock released.
-	fc := New[func()](rdb)
-	_, err = fc.GetOrLoad(t.Context(), p+"func", func(context.Context) (func(), error) { return func() {}, nil })
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "cache: encode value")
+	// A value the codec cannot encode: returned, nothing cached, lock
+	// released, the error counted and told to the hook once per key.
+	var hooked []error
+	fc := New[func()](rdb, WithErrorHook(func(_ string, err error) { hooked = append(hooked, err) }))
+	for range 3 {
+		f, err := fc.GetOrLoad(t.Context(), p+"func", func(context.Context) (func(), error) { return func() {}, nil })
+		require.NoError(t, err, "a loaded value the codec cannot encode is still the caller's")
+		assert.NotNil(t, f)
+	}
+	assert.Equal(t, int64(3), fc.Stats().EncodeErrors)
+	require.Len(t, hooked, 1)
+	assert.Contains(t, hooked[0].Error(), "cache: encode value")
 	assert.Zero(t, rdb.Exists(t.Context(), p+"func", LockKey(p+"func")).Val())
 }
 

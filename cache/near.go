@@ -255,7 +255,7 @@ func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
 // lands between a check and a store could otherwise leave an old value. The
 // entry is served only once the check passed.
 func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V]) {
-	if !tk.OK() || r.notFound != nil || !r.hasV && r.data == nil || r.stale || r.throttled || r.fresh.Expiry.IsZero() {
+	if !tk.OK() || r.notFound != nil || r.data == nil || r.stale || r.throttled || r.fresh.Expiry.IsZero() {
 		return
 	}
 	// (Never a replica's copy, which may be older than invalidations this

@@ -68,6 +68,7 @@ type share struct {
 	prefix   string           // the claim held in res.claims
 	claimed  bool             // a claim is held (a client that is a pointer)
 	decodes  decodeReports    // undecodable records reported to this Cache's hook
+	encodes  decodeReports    // keys whose values the codec could not encode, reported to the hook
 	logger   health.Logger    // registered with res.health while held
 	fullSeen atomic.Uint64    // the last memory-pressure episode this Cache's hook was told of
 	unlisten func()           // stops this Cache hearing the breaker

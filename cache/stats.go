@@ -27,13 +27,19 @@ type Stats struct {
 	// DecodeErrors counts records the codec could not decode
 	// (EventDecodeError): another value type or program writing the keys.
 	DecodeErrors int64
+	// EncodeErrors counts loaded values the codec could not encode
+	// (EventEncodeError): returned to their callers, not stored.
+	EncodeErrors int64
+	// UncachedLoads counts keys loaded under FailOpen while Redis could not
+	// serve them (EventUncachedLoad).
+	UncachedLoads int64
 	BreakerOpen  bool  // the circuit breaker keeps calls off Redis now
 	NearEntries  int64 // values in the near cache now (an estimate)
 	NearBytes    int64 // their weight against the near cache's budget (updated in batches)
 }
 
 const (
-	eventKinds = int(EventLoadVoided) + 1
+	eventKinds = int(EventUncachedLoad) + 1
 	loadErrors = eventKinds // the counter after the kinds'
 )
 
@@ -57,6 +63,7 @@ func (s *counters) snapshot() Stats {
 		Loads: s.Sum(int(EventLoad)), LoadErrors: s.Sum(loadErrors), Waits: s.Sum(int(EventWait)),
 		StaleServed: s.Sum(int(EventStaleServed)), Refreshes: s.Sum(int(EventRefresh)),
 		LeaseWaits: s.Sum(int(EventNearLeaseWait)), LoadsVoided: s.Sum(int(EventLoadVoided)),
-		DecodeErrors: s.Sum(int(EventDecodeError)),
+		DecodeErrors: s.Sum(int(EventDecodeError)), EncodeErrors: s.Sum(int(EventEncodeError)),
+		UncachedLoads: s.Sum(int(EventUncachedLoad)),
 	}
 }

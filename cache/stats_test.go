@@ -74,3 +74,17 @@ func BenchmarkStatsCountSerial(b *testing.B) {
 		s.count(EventNearHit, nil)
 	}
 }
+
+// Under FailOpen, the loads of keys Redis could not serve are counted, so a
+// dashboard sees the database taking the cache's load.
+func TestStatsCountUncachedLoads(t *testing.T) {
+	t.Parallel()
+	rdb, _ := dialCounter(t, deadAddr(t))
+	c := New[product](rdb, WithoutNearCache(), WithErrorHook(func(string, error) {}))
+	defer c.Close()
+	for range 3 {
+		_, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, int64(3), c.Stats().UncachedLoads)
+}
