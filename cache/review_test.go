@@ -135,3 +135,33 @@ func TestNearHitWithoutTheCallsTagsIsReloaded(t *testing.T) {
 		})
 	}
 }
+
+// Callers of one key with different tags, in different processes, reload
+// it once each at most: the reload keeps the tags it found, so the value
+// soon carries every caller's and nobody reloads it again.
+func TestCallersWithDifferentTagsStopReloading(t *testing.T) {
+	t.Parallel()
+	rdb, p := setup(t)
+	a := New[product](rdb, WithPrefix(p), WithTags())
+	t.Cleanup(func() { a.Close() })
+	b := New[product](redistest.Client(t, redistest.Addr(t)), WithPrefix(p), WithTags())
+	t.Cleanup(func() { b.Close() })
+	var loads atomic.Int64
+	load := func(context.Context) (product, error) {
+		loads.Add(1)
+		return product{ID: "v"}, nil
+	}
+	for range 10 {
+		_, err := a.GetOrLoad(t.Context(), "k", load, Tags("a"))
+		require.NoError(t, err)
+		_, err = b.GetOrLoad(t.Context(), "k", load, Tags("b"))
+		require.NoError(t, err)
+		m, err := b.GetOrLoadMany(t.Context(), []string{"k"}, func(_ context.Context, keys []string) (map[string]product, error) {
+			loads.Add(1)
+			return map[string]product{"k": {ID: "v"}}, nil
+		}, Tags("c"))
+		require.NoError(t, err)
+		require.Equal(t, "v", m["k"].ID)
+	}
+	assert.Equal(t, int64(3), loads.Load(), "loads for 30 calls with three sets of tags")
+}
