@@ -143,7 +143,7 @@ func (b *batch[V]) readNear() {
 	remaining := b.keys[:0]
 	for _, k := range b.keys {
 		if !o.force && !o.noStale && !o.skipNear {
-			if v, ok := c.nearGet(b.name[k]); ok {
+			if v, ok := c.nearGet(b.name[k], o.store.tags); ok {
 				b.vals[b.name[k]] = v
 				continue
 			}

@@ -290,10 +290,11 @@ func (c *Cache[V]) Stats() Stats {
 // the call has [NoStale]), and it is kept for the stale throttle; the
 // reload keeps the value's tags and TTL. [Cache.Get] returns it as stale.
 // Without WithStale, or when key holds no value, Expire is [Cache.Delete].
-// A write of key between Expire's read and its rewrite wins (it is newer
-// than the expiry). Like Delete, it voids a load in flight (whatever it
-// read before Expire is not stored) and returns once every near cache
-// dropped the value. Errors: [ErrEmptyKey], [ErrReservedKey],
+// A value written while Expire runs (a Set, or a load's commit) is
+// expired in turn, as if written before Expire; a value that keeps
+// changing is deleted. Like Delete, it voids a load in flight (whatever it
+// read before Expire is not stored, even if committed while Expire runs)
+// and returns once every near cache dropped the value. Errors: [ErrEmptyKey], [ErrReservedKey],
 // [ErrCircuitOpen] while the breaker is open, a Redis error wrapped as
 // "cache: redis: ...".
 func (c *Cache[V]) Expire(ctx context.Context, key string) error {

@@ -34,7 +34,7 @@ func (c *Cache[V]) getOrLoad(ctx context.Context, key string, load func(ctx cont
 		return zero, err
 	}
 	if load != nil && !o.force && !o.noStale && !o.skipNear {
-		if v, ok := c.nearGet(key); ok {
+		if v, ok := c.nearGet(key, o.store.tags); ok {
 			return v, nil
 		}
 	}

@@ -141,6 +141,7 @@ type nearEntry[V any] struct {
 	data    []byte      // the codec's bytes: each caller decodes its own copy
 	v       *V          // decoded once, for WithNearShared and for cloners
 	until   int64       // clock.Now after which the entry is not served
+	tags    []string    // the tags of the record it was read from (see stampHolds)
 	checked atomic.Bool // keep found its ticket valid after storing it: not served before
 }
 
@@ -227,15 +228,15 @@ func newNear[V any](c *Cache[V]) *near[V] {
 }
 
 // get returns the value of the caller's key (without the prefix) from
-// memory, if it is there, fresh, and the tracker is serving (sure of its
-// invalidations, its lease running).
-func (n *near[V]) get(c *Cache[V], key string) (v V, ok bool) {
+// memory, if it is there, fresh, carries every one of tags, and the tracker
+// is serving (sure of its invalidations, its lease running).
+func (n *near[V]) get(c *Cache[V], key string, tags []string) (v V, ok bool) {
 	if !n.track.Serving() || c.brk.Open() {
 		return v, false
 	}
 	e, ok := n.store.GetIfPresent(key)
 	now := clock.Now()
-	if !ok || now >= e.until || !e.checked.Load() {
+	if !ok || now >= e.until || !e.checked.Load() || !holdsTags(e.tags, tags) {
 		return v, false
 	}
 	yieldIfDue(now)
@@ -270,6 +271,9 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		return
 	}
 	e := &nearEntry[V]{data: r.data, until: clock.Now() + int64(left)}
+	if r.stamp != nil {
+		e.tags = r.stamp.Tags
+	}
 	if n.shared || n.clones {
 		v, err := c.decodeCopy(r.data)
 		if err != nil {
@@ -335,13 +339,14 @@ func (c *Cache[V]) nearDrop(keys ...string) {
 }
 
 // nearGet is GetOrLoad's first step with a near cache; key is the caller's,
-// not yet checked nor prefixed (an invalid key is never in memory).
-func (c *Cache[V]) nearGet(key string) (V, bool) {
+// not yet checked nor prefixed (an invalid key is never in memory). A value
+// without one of tags is a miss, as judge says of one read from Redis.
+func (c *Cache[V]) nearGet(key string, tags []string) (V, bool) {
 	if c.near == nil {
 		var zero V
 		return zero, false
 	}
-	v, ok := c.near.get(c, key)
+	v, ok := c.near.get(c, key, tags)
 	if ok {
 		c.cfg.counts.count(EventNearHit, nil)
 		if c.cfg.observer != nil { // the full key, as every event: built only when someone listens

@@ -18,7 +18,7 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 		return zero, err
 	}
 	if !o.skipNear {
-		if v, ok := c.nearGet(key); ok { // the near cache keeps only values within their TTL
+		if v, ok := c.nearGet(key, nil); ok { // the near cache keeps only values within their TTL
 			return v, nil
 		}
 	}

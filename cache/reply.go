@@ -171,8 +171,16 @@ func accepts[V any](r *result[V], o callOptions) bool {
 
 // stampHolds reports whether a record stamped st carries every tag of tags.
 func stampHolds(st *record.Stamp, tags []string) bool {
+	if st == nil {
+		return len(tags) == 0
+	}
+	return holdsTags(st.Tags, tags)
+}
+
+// holdsTags reports whether has holds every tag of tags.
+func holdsTags(has, tags []string) bool {
 	for _, t := range tags {
-		if st == nil || !slices.Contains(st.Tags, t) {
+		if !slices.Contains(has, t) {
 			return false
 		}
 	}

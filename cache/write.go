@@ -184,31 +184,63 @@ func (c *Cache[V]) expire(ctx context.Context, key string) error {
 	if c.cfg.stale <= 0 {
 		return c.delete(ctx, []string{key})
 	}
-	if !c.brk.Allow() {
-		return c.brk.Err()
+	defer c.group.Forget(full) // later callers must not join a flight that began before
+	for range expireTries {
+		if !c.brk.Allow() {
+			return c.brk.Err()
+		}
+		done, err := c.expireOnce(ctx, key, full)
+		if done || err != nil {
+			return err
+		}
+		// A record written since the read: a load's commit may be what
+		// changed it, of a source read before Expire was called, so it is
+		// expired in turn (a Set concurrent with Expire may be ordered
+		// before it).
 	}
+	return c.delete(ctx, []string{key})
+}
+
+// expireTries is how many times Expire reads and rewrites a record that
+// keeps changing before it deletes it instead.
+const expireTries = 3
+
+// expireOnce reads key's record (full: with the prefix) and replaces it by
+// its expired copy, or deletes key when there is nothing to fall back on;
+// done is false when the record changed between the read and the rewrite.
+func (c *Cache[V]) expireOnce(ctx context.Context, key, full string) (done bool, err error) {
 	b, err := c.redisio.Get(ctx, full) // from the master, as every read of the miss path
 	switch c.readReply(full, err) {
 	case readHit:
 	case readMiss: // nothing to keep as the fallback: voided as Delete voids a load in flight
-		return c.delete(ctx, []string{key})
+		return true, c.delete(ctx, []string{key})
 	default:
-		return fmt.Errorf("cache: redis: %w", err)
+		return true, fmt.Errorf("cache: redis: %w", err)
 	}
 	flags, payload, err := record.Decode(b)
 	if err != nil || flags&record.FlagNotFound != 0 {
-		return c.delete(ctx, []string{key}) // nothing to fall back on
+		return true, c.delete(ctx, []string{key}) // nothing to fall back on
 	}
 	f, fresh := record.ReadFreshness(b)
 	if !fresh {
-		return c.delete(ctx, []string{key})
+		return true, c.delete(ctx, []string{key})
 	}
 	var st *record.Stamp // the value keeps its stamp: Expire does not make it current
 	if s, ok := record.ReadStamp(b); ok {
 		st = &s
 	}
 	expired := record.Build(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load, TTL: f.TTL}, st, payload)
-	defer c.group.Forget(full) // later callers must not join a flight that began before
 	keys, args := []string{full, LockKey(full)}, []any{b, expired, c.notify.Channel(full)}
-	return c.writeScript(ctx, full, expireScript, keys, args...)
+	var cmd *redis.Cmd
+	err = c.writeConfirmed(ctx, []string{full}, expireScript,
+		func(p redis.Pipeliner) { cmd = expireScript.EvalSha(ctx, p, keys, args...) },
+		func() error { cmd = expireScript.Run(ctx, c.rdb, keys, args...); return cmd.Err() })
+	if err != nil {
+		return true, err
+	}
+	if cmd == nil {
+		return true, nil
+	}
+	n, _ := cmd.Int()
+	return n == 1, nil
 }

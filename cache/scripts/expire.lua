@@ -1,7 +1,7 @@
 -- Expire a value by hand: replace its record by the expired copy the caller
--- made of it, only if it is still the one the caller read (a write since
--- then is newer than the expiry, which has nothing left to expire), keeping
--- its TTL. Either way, void any load in flight (it may have read the source
+-- made of it, only if it is still the one the caller read (else it reads
+-- again: what changed it may be a load's commit of a source read before
+-- Expire), keeping its TTL. Either way, void any load in flight (it may have read the source
 -- before the change that Expire announces) and wake the waiters, as set.lua
 -- does.
 -- KEYS[1] value key, KEYS[2] lock key
