@@ -182,8 +182,9 @@ func (c *Cache[V]) Get(ctx context.Context, key string, opts ...CallOption) (V, 
 // Redis or any near cache. Waiters on the key are woken. With near caches
 // it returns once the others acknowledged it: a hop to each and back, up to
 // one lease (1s) for a process frozen or cut off, about one lease in the
-// first second of a prefix's registry (see docs/GUARANTEES.md). Errors:
-// [ErrEmptyKey], [ErrReservedKey]; an encoding error (nothing is written);
+// first second of a prefix's registry (see docs/GUARANTEES.md). With
+// [Version], a Set older than the value stored writes nothing. Errors:
+// [ErrEmptyKey], [ErrReservedKey]; [ErrOlderVersion]; an encoding error (nothing is written);
 // a Redis error wrapped as "cache: redis: ...". Transient cluster errors
 // are retried within the retry budget. A ctx already ended returns
 // ctx.Err() at once, writing nothing.

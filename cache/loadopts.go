@@ -19,8 +19,10 @@ type loadOptions struct {
 
 // storeChoice is what one call chose for the values it stores.
 type storeChoice struct {
-	ttl  ttlChoice
-	tags []string // see Tags
+	ttl       ttlChoice
+	tags      []string // see Tags
+	version   int64    // see Version
+	versioned bool
 }
 
 // ttlChoice is the TTL one call or one load chose; unset, the Cache's.
