@@ -210,8 +210,8 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 // [AddTags]), in one O(1) write whatever their number and slots, with the
 // promise of [Cache.Delete]: a read that begins after it returned, in any
 // process, near caches included, gets none of them, nor the value of a load
-// that began before it. It voids the versions every process keeps in
-// memory, so each near cache starts empty after it. The values stay in
+// that began before it. Each near cache drops the values that carry one of
+// tags, and keeps the others. The values stay in
 // Redis until their TTL, unreadable (see [WithTags]). A ctx already ended
 // returns ctx.Err() at once. Errors: [ErrNoTags] without WithTags (with or
 // without tags), an error for an empty tag, [ErrCircuitOpen] while the

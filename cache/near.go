@@ -142,6 +142,7 @@ type nearEntry[V any] struct {
 	v       *V          // decoded once, for WithNearShared and for cloners
 	until   int64       // clock.Now after which the entry is not served
 	checked atomic.Bool // keep found its ticket valid after storing it: not served before
+	deps    []string    // the version keys of its tags: DeleteByTag of one drops it
 }
 
 // cloner is a value that copies itself: near hits clone instead of decoding.
@@ -155,6 +156,13 @@ type near[V any] struct {
 	shared bool // hand out e.v itself
 	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
+
+	// byTag finds the entries that carry a tag, by its version key, so
+	// that a DeleteByTag drops them alone. An entry is indexed before it
+	// is stored and unindexed once deleted (the drop compares pointers, so
+	// an index that lags behind the store is only looked at in vain).
+	tmu   sync.Mutex
+	byTag map[string]map[string]*nearEntry[V] // version key -> caller's key -> entry; protected by tmu
 
 	closeOnce sync.Once
 }
@@ -173,7 +181,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		return nil
 	}
 	cfg := c.cfg
-	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix}
+	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]*nearEntry[V]{}}
 	_, n.clones = any((*V)(nil)).(cloner[V])
 	n.store = otter.Must(&otter.Options[string, *nearEntry[V]]{
 		MaximumWeight: uint64(c.cfg.near.maxBytes),
@@ -188,6 +196,9 @@ func newNear[V any](c *Cache[V]) *near[V] {
 				cfg.emit(EventNearEviction, cfg.prefix+e.Key, 0, nil) // the store's keys are the callers'
 
 			}
+			if len(e.Value.deps) > 0 {
+				n.unindex(e.Key, e.Value)
+			}
 		},
 	})
 	health := c.share.res.health // not c: the near cache must not keep its Cache alive
@@ -199,6 +210,17 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	}
 	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
+			if all && key != "" {
+				switch everything, tagged := tags.Depends(key); {
+				case tagged: // a DeleteByTag: the values with the tag
+					tags.ForgetKey(key)
+					n.dropTagged(&cfg, key)
+					return
+				case !everything: // the clock: no value depends on it
+					tags.ForgetKey(key)
+					return
+				}
+			}
 			if all {
 				tags.Forget()
 				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
@@ -278,6 +300,10 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		e.v = &v
 	}
 	local := strings.Clone(key[len(n.prefix):]) // not a slice that keeps the prefixed key alive
+	if r.stamp != nil && len(r.stamp.Tags) > 0 {
+		e.deps = c.tags.Keys(r.stamp.Tags)
+		n.index(local, e) // before the store: a DeleteByTag that misses it in the index voided tk
+	}
 	n.store.Set(local, e)
 	if n.track.Valid(tk) {
 		// Served only from now on: between the store and the check, a read
@@ -292,6 +318,58 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		}
 		return old, otter.CancelOp
 	})
+}
+
+// index notes that e, about to be stored at local, carries its tags.
+func (n *near[V]) index(local string, e *nearEntry[V]) {
+	n.tmu.Lock()
+	defer n.tmu.Unlock()
+	for _, d := range e.deps {
+		m := n.byTag[d]
+		if m == nil {
+			m = map[string]*nearEntry[V]{}
+			n.byTag[d] = m
+		}
+		m[local] = e
+	}
+}
+
+// unindex forgets e, deleted from local, unless a newer entry took its
+// place in the index.
+func (n *near[V]) unindex(local string, e *nearEntry[V]) {
+	n.tmu.Lock()
+	defer n.tmu.Unlock()
+	for _, d := range e.deps {
+		if m := n.byTag[d]; m[local] == e {
+			delete(m, local)
+			if len(m) == 0 {
+				delete(n.byTag, d)
+			}
+		}
+	}
+}
+
+// dropTagged drops the entries that carry the tag of version key vkey,
+// which a DeleteByTag just changed. Reads in flight are void already (see
+// coherence.Hooks.Global): an entry stored after the index was taken
+// fails its check.
+func (n *near[V]) dropTagged(cfg *config, vkey string) {
+	n.tmu.Lock()
+	m := n.byTag[vkey]
+	delete(n.byTag, vkey)
+	n.tmu.Unlock()
+	for local, e := range m {
+		dropped := false
+		n.store.ComputeIfPresent(local, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
+			if dropped = old == e; dropped {
+				return nil, otter.InvalidateOp
+			}
+			return old, otter.CancelOp
+		})
+		if dropped {
+			cfg.emit(EventNearInvalidation, n.prefix+local, 0, nil)
+		}
+	}
 }
 
 func (n *near[V]) close() {
