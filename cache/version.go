@@ -24,8 +24,9 @@ var ErrOlderVersion = errors.New("cache: a newer version of the value is stored"
 //
 // The version is compared with the value stored, if any: a key that is
 // absent (deleted, expired, evicted) or holds a value stored without a
-// version (a plain Set, a load by [Cache.GetOrLoad], a refresh) accepts
-// any version. A plain Set always writes. [Cache.Expire] keeps the version.
+// version (a plain Set, a load or refresh whose loader did not call
+// [SetVersion]) accepts any version. A plain Set always writes.
+// [Cache.Expire] keeps the version.
 // A Set with a TTL at or below zero deletes, whatever the version (the
 // next read loads the source). GetOrLoad, GetOrLoadMany and Get ignore it.
 // Versions are meaningful per key; the Cache does not compare across keys.

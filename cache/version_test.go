@@ -178,3 +178,42 @@ func TestVersionedSetConcurrentWriters(t *testing.T) {
 		t.Fatalf("stored version %d, %v; want %d", v, ok, writes-1)
 	}
 }
+
+// TestLoaderSetVersion: a loader of one key stores the row's version with
+// the value, so that a late versioned Set older than the load is refused;
+// a loader of several keys cannot.
+func TestLoaderSetVersion(t *testing.T) {
+	t.Parallel()
+	rdb, p := setup(t)
+	c := New[product](rdb, WithPrefix(p))
+	t.Cleanup(func() { c.Close() })
+	ctx := t.Context()
+	var ok bool
+	_, err := c.GetOrLoad(ctx, "k", func(ctx context.Context) (product, error) {
+		ok = SetVersion(ctx, 5)
+		return product{ID: "loaded at 5"}, nil
+	})
+	require.NoError(t, err)
+	require.True(t, ok, "SetVersion in a loader of one key")
+	if v, ok := storedVersion(t, rdb, p+"k"); !ok || v != 5 {
+		t.Fatalf("stored version after the load = %d, %v; want 5", v, ok)
+	}
+	require.ErrorIs(t, c.Set(ctx, "k", product{ID: "set at 4"}, Version(4)), ErrOlderVersion)
+	require.NoError(t, c.Set(ctx, "k", product{ID: "set at 6"}, Version(6)))
+	got, err := c.Get(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, "set at 6", got.ID)
+
+	require.False(t, SetVersion(ctx, 1), "SetVersion outside a loader")
+	_, err = c.GetOrLoadMany(ctx, []string{"a", "b"}, func(ctx context.Context, keys []string) (map[string]product, error) {
+		ok = SetVersion(ctx, 7)
+		return map[string]product{"a": {ID: "a"}, "b": {ID: "b"}}, nil
+	})
+	require.NoError(t, err)
+	require.False(t, ok, "SetVersion in a loader of two keys")
+	for _, k := range []string{"a", "b"} {
+		if _, ok := storedVersion(t, rdb, p+k); ok {
+			t.Fatalf("%s stored with a version by a loader of two keys", k)
+		}
+	}
+}
