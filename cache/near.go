@@ -210,14 +210,12 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	}
 	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
-			if all && key != "" {
+			if all && key != "" { // a version: Forget dropped it from memory
 				switch everything, tagged := tags.Depends(key); {
 				case tagged: // a DeleteByTag: the values with the tag
-					tags.ForgetKey(key)
 					n.dropTagged(&cfg, key)
 					return
 				case !everything: // the clock: no value depends on it
-					tags.ForgetKey(key)
 					return
 				}
 			}
@@ -244,6 +242,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		OnNarrow:  func(err error) { health.NearNarrow(cfg.prefix, err) },
 		OnWiden:   func() { health.NearWiden(cfg.prefix) },
 		Global:    tags.Global,
+		Forget:    tags.ForgetKey,
 	})
 	return n
 }

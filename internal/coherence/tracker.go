@@ -55,9 +55,15 @@ type Hooks struct {
 	OnWiden func()
 	// Global reports keys that values in memory may depend on besides
 	// their own (the tag versions): their invalidation voids every read in
-	// flight, whose values' dependencies are not known yet, and OnDrop
-	// (key, true) drops the values that depend on key.
+	// flight, whose values' dependencies are not known yet, calls Forget,
+	// voids every read in flight again, and calls OnDrop(key, true) to drop
+	// the values that depend on key.
 	Global func(key string) bool
+	// Forget drops what memory holds of a Global key (its value). It runs
+	// between two voids of every read in flight: a read that took its
+	// ticket after the first may have used what memory held of the key,
+	// and the second voids it.
+	Forget func(key string)
 }
 
 // Tracker is the coherence side of one near cache: it tracks invalidations,
@@ -187,6 +193,9 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	}
 	if hooks.OnWiden == nil {
 		hooks.OnWiden = func() {}
+	}
+	if hooks.Forget == nil {
+		hooks.Forget = func(string) {}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Tracker{
@@ -319,6 +328,8 @@ func (t *Tracker) Invalidated(tk Ticket) bool { return t.gens[tk.stripe].Load() 
 // from memory.
 func (t *Tracker) Invalidate(key string) {
 	if t.hooks.Global != nil && t.hooks.Global(key) {
+		t.epoch.Add(1)
+		t.hooks.Forget(key)
 		t.epoch.Add(1)
 		t.hooks.OnDrop(key, true)
 		return
