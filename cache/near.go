@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -157,12 +158,13 @@ type near[V any] struct {
 	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
 
-	// byTag finds the entries that carry a tag, by its version key, so
-	// that a DeleteByTag drops them alone. An entry is indexed before it
-	// is stored and unindexed once deleted (the drop compares pointers, so
-	// an index that lags behind the store is only looked at in vain).
+	// byTag finds the keys whose entries carry a tag, by its version key,
+	// so that a DeleteByTag drops them alone. A tagged entry is stored and
+	// indexed under tmu, and a deleted one unindexed under tmu unless the
+	// key holds another entry with the tag: every stored entry with a tag
+	// is indexed (an index that names more is only looked at in vain).
 	tmu   sync.Mutex
-	byTag map[string]map[string]*nearEntry[V] // version key -> caller's key -> entry; protected by tmu
+	byTag map[string]map[string]struct{} // version key -> callers' keys; protected by tmu
 
 	closeOnce sync.Once
 }
@@ -181,7 +183,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		return nil
 	}
 	cfg := c.cfg
-	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]*nearEntry[V]{}}
+	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]struct{}{}}
 	_, n.clones = any((*V)(nil)).(cloner[V])
 	n.store = otter.Must(&otter.Options[string, *nearEntry[V]]{
 		MaximumWeight: uint64(c.cfg.near.maxBytes),
@@ -301,9 +303,10 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	local := strings.Clone(key[len(n.prefix):]) // not a slice that keeps the prefixed key alive
 	if r.stamp != nil && len(r.stamp.Tags) > 0 {
 		e.deps = c.tags.Keys(r.stamp.Tags)
-		n.index(local, e) // before the store: a DeleteByTag that misses it in the index voided tk
+		n.storeTagged(local, e)
+	} else {
+		n.store.Set(local, e)
 	}
-	n.store.Set(local, e)
 	if n.track.Valid(tk) {
 		// Served only from now on: between the store and the check, a read
 		// that began after a write returned could otherwise get an entry
@@ -319,27 +322,32 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	})
 }
 
-// index notes that e, about to be stored at local, carries its tags.
-func (n *near[V]) index(local string, e *nearEntry[V]) {
+// storeTagged stores e, which carries tags, at local, and indexes it.
+func (n *near[V]) storeTagged(local string, e *nearEntry[V]) {
 	n.tmu.Lock()
 	defer n.tmu.Unlock()
 	for _, d := range e.deps {
 		m := n.byTag[d]
 		if m == nil {
-			m = map[string]*nearEntry[V]{}
+			m = map[string]struct{}{}
 			n.byTag[d] = m
 		}
-		m[local] = e
+		m[local] = struct{}{}
 	}
+	n.store.Set(local, e) // under tmu: an unindex cannot run between the two
 }
 
-// unindex forgets e, deleted from local, unless a newer entry took its
-// place in the index.
+// unindex forgets that local holds e, deleted, unless local holds another
+// entry with the same tags.
 func (n *near[V]) unindex(local string, e *nearEntry[V]) {
 	n.tmu.Lock()
 	defer n.tmu.Unlock()
+	cur, ok := n.store.GetEntryQuietly(local)
 	for _, d := range e.deps {
-		if m := n.byTag[d]; m[local] == e {
+		if ok && slices.Contains(cur.Value.deps, d) {
+			continue
+		}
+		if m := n.byTag[d]; m != nil {
 			delete(m, local)
 			if len(m) == 0 {
 				delete(n.byTag, d)
@@ -357,10 +365,10 @@ func (n *near[V]) dropTagged(cfg *config, vkey string) {
 	m := n.byTag[vkey]
 	delete(n.byTag, vkey)
 	n.tmu.Unlock()
-	for local, e := range m {
+	for local := range m {
 		dropped := false
 		n.store.ComputeIfPresent(local, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
-			if dropped = old == e; dropped {
+			if dropped = slices.Contains(old.deps, vkey); dropped {
 				return nil, otter.InvalidateOp
 			}
 			return old, otter.CancelOp

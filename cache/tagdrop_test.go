@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,6 +47,13 @@ func TestDeleteByTagDropsOnlyItsTagFromNearCaches(t *testing.T) {
 				warmTagged(t, c.c, c.ev, k, src.loader(k, tags...))
 			}
 		}
+		// Once more, after the invalidations of the loads' commits arrived
+		// (one may land after the read that filled memory, and drop it).
+		time.Sleep(50 * time.Millisecond)
+		for k, tags := range keys {
+			warmTagged(t, writer, wev, k, src.loader(k, tags...))
+			warmTagged(t, reader, rev, k, src.loader(k, tags...))
+		}
 		for k := range keys {
 			src.set(k, round+100)
 		}
@@ -53,7 +62,9 @@ func TestDeleteByTagDropsOnlyItsTagFromNearCaches(t *testing.T) {
 			for k, tags := range keys {
 				hasT := len(tags) > 0 && tags[0] == "T"
 				if got := nearHas(c, k); got == hasT {
-					t.Errorf("round %d, %s: %s in memory after DeleteByTag(T) = %v; want %v", round, name, k, got, !hasT)
+					ev := map[string]*events{"writer": wev, "reader": rev}[name]
+					t.Errorf("round %d, %s: %s in memory after DeleteByTag(T) = %v; want %v (drops %d, invalidations %d, evictions %d)", round, name, k, got, !hasT,
+						ev.get(EventNearDrop), ev.get(EventNearInvalidation), ev.get(EventNearEviction))
 				}
 				v, err := c.GetOrLoad(ctx, k, src.loader(k, tags...))
 				require.NoError(t, err)
@@ -110,5 +121,61 @@ func TestDeleteByTagNearHitRatio(t *testing.T) {
 	t.Logf("near hit ratio with one DeleteByTag of %d tags between reads of %d keys: %.0f%% (%d reads)", tags, keys, 100*ratio, reads)
 	if ratio < 0.5 {
 		t.Errorf("near hit ratio %.2f: DeleteByTag of one tag in %d dropped more than its keys", ratio, tags)
+	}
+}
+
+// TestDeleteByTagRacingNearReaders: readers serve a tagged value from
+// memory in a loop while another Cache changes its source and deletes its
+// tag, round after round; no read that began after a DeleteByTag returned
+// gets a value older than that round's, while a value with another tag
+// stays in memory throughout.
+func TestDeleteByTagRacingNearReaders(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	p := redistest.Prefix(t, redistest.Client(t, addr))
+	ctx := t.Context()
+	reader, _, ev := newNearCache(t, p, WithTags(), WithNearMaxAge(time.Minute))
+	writer := New[product](redistest.Client(t, addr), WithPrefix(p), WithTags())
+	t.Cleanup(func() { writer.Close() })
+	var src tagSource
+	src.set("t", 0)
+	src.set("u", 0)
+	warmTagged(t, reader, ev, "u", src.loader("u", "U"))
+	var (
+		returned     atomic.Int64 // the last round whose DeleteByTag returned
+		stop         atomic.Bool
+		reads, stale atomic.Int64
+		wg           sync.WaitGroup
+	)
+	for range 4 {
+		wg.Go(func() {
+			for !stop.Load() {
+				want := returned.Load()
+				v, err := reader.GetOrLoad(ctx, "t", src.loader("t", "T"))
+				reads.Add(1)
+				if err == nil && int64(v.Price) < want {
+					stale.Add(1)
+				}
+			}
+		})
+	}
+	const rounds = 50
+	for r := 1; r <= rounds; r++ {
+		src.set("t", r)
+		require.NoError(t, writer.DeleteByTag(ctx, "T"))
+		returned.Store(int64(r))
+		time.Sleep(2 * time.Millisecond) // let the readers fill memory again
+	}
+	stop.Store(true)
+	wg.Wait()
+	hits := ev.get(EventNearHit)
+	_, err := reader.GetOrLoad(ctx, "u", src.loader("u", "U"))
+	require.NoError(t, err)
+	t.Logf("%d reads across %d DeleteByTag, %d near hits, %d stale", reads.Load(), rounds, hits, stale.Load())
+	if stale.Load() > 0 {
+		t.Errorf("%d reads began after a DeleteByTag returned and got an older value", stale.Load())
+	}
+	if ev.get(EventNearHit) != hits+1 {
+		t.Error("the value tagged U left memory during the DeleteByTag of T")
 	}
 }

@@ -66,7 +66,11 @@ func (c *Cache[V]) deleteVersions(ctx context.Context, keys []string) error {
 	}
 	all := append([]string{c.tags.Clock}, keys...)
 	mem := tagMemory.Milliseconds()
-	return c.writeConfirmed(ctx, keys, func(err error) errClass { return c.redisCall(keys[0], err) },
+	// The clock is dropped from memory with the versions: this process's
+	// next loads must not be stamped before them (never current, they
+	// would load again until the clock's invalidation arrives).
+	dropped := append(slices.Clone(keys), c.tags.Clock)
+	return c.writeConfirmed(ctx, dropped, func(err error) errClass { return c.redisCall(keys[0], err) },
 		func(p redis.Pipeliner) { p.Eval(ctx, tagsLua, all, mem) },
 		func() error { return tagsScript.Run(ctx, c.rdb, all, mem).Err() })
 }
