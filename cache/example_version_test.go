@@ -1,5 +1,5 @@
-// example_version_test.go shows the versioned Set: two writers of one
-// product whose Sets land in the opposite order of their database writes.
+// The versioned Set: two writers of one product whose Sets land in the
+// opposite order of their database writes.
 
 package cache_test
 

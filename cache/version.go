@@ -1,6 +1,5 @@
-// version.go is the versioned Set: a write that carries the source's
-// version of the value, and is refused, in the write's script, when the
-// value stored is newer.
+// The versioned Set: a write that carries the source's version of the value,
+// and is refused, in the write's script, when the value stored is newer.
 
 package cache
 

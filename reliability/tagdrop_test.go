@@ -1,7 +1,7 @@
-// tagdrop_test.go proves that DeleteByTag drops from the near caches of
-// other OS processes the values that carry the tag, and only those: a
-// value with another tag is still served from memory after it returned,
-// while no read that began after it returned gets a value with the tag.
+// DeleteByTag drops from the near caches of other OS processes the values
+// that carry the tag, and only those: a value with another tag is still
+// served from memory after it returned, while no read that began after it
+// returned gets a value with the tag.
 package reliability_test
 
 import (

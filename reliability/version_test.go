@@ -1,7 +1,7 @@
-// version_test.go proves the versioned Set across OS processes and on a
-// cluster: of two writers that updated the source and then call Set in the
-// opposite order, the older write is refused and every process, near
-// caches included, keeps the newer value.
+// The versioned Set, across OS processes and on a cluster: of two writers
+// that updated the source and then call Set in the opposite order, the older
+// write is refused and every process, near caches included, keeps the newer
+// value.
 package reliability_test
 
 import (
