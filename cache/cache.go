@@ -192,11 +192,12 @@ func (c *Cache[V]) Get(ctx context.Context, key string, opts ...CallOption) (V, 
 // Redis or any near cache. Waiters on the key are woken. With near caches
 // it returns once the others acknowledged it: a hop to each and back, up to
 // one lease (1s) for a process frozen or cut off, about one lease in the
-// first second of a prefix's registry (see docs/GUARANTEES.md). Errors:
-// [ErrEmptyKey], [ErrReservedKey]; an encoding error (nothing is written);
-// [ErrCircuitOpen] while the breaker is open (nothing is written: the
-// write failed, retry it once Redis answers); a Redis error wrapped as
-// "cache: redis: ...". Transient cluster errors
+// first second of a prefix's registry (see docs/GUARANTEES.md). With
+// [Version], a Set older than the value stored writes nothing. Errors:
+// [ErrEmptyKey], [ErrReservedKey]; [ErrOlderVersion]; an encoding error
+// (nothing is written); [ErrCircuitOpen] while the breaker is open
+// (nothing is written: the write failed, retry it once Redis answers); a
+// Redis error wrapped as "cache: redis: ...". Transient cluster errors
 // are retried within the retry budget. A ctx already ended returns
 // ctx.Err() at once, writing nothing.
 func (c *Cache[V]) Set(ctx context.Context, key string, v V, opts ...CallOption) error {
@@ -222,8 +223,8 @@ func (c *Cache[V]) Delete(ctx context.Context, keys ...string) error {
 // [AddTags]), in one O(1) write whatever their number and slots, with the
 // promise of [Cache.Delete]: a read that begins after it returned, in any
 // process, near caches included, gets none of them, nor the value of a load
-// that began before it. It voids the versions every process keeps in
-// memory, so each near cache starts empty after it. The values stay in
+// that began before it. Each near cache drops the values that carry one of
+// tags, and keeps the others. The values stay in
 // Redis until their TTL, unreadable (see [WithTags]). A ctx already ended
 // returns ctx.Err() at once. Errors: [ErrNoTags] without WithTags (with or
 // without tags), an error for an empty tag, [ErrCircuitOpen] while the

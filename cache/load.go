@@ -85,7 +85,7 @@ func (c *Cache[V]) loadFor(ctx context.Context, keys []loadKey, load loaderFunc[
 		}
 	}
 	stop := c.watchdog(ctx, keys)
-	opts := &loadOptions{ttl: store.ttl, tags: slices.Clone(store.tags), tagging: c.cfg.tags}
+	opts := &loadOptions{ttl: store.ttl, tags: slices.Clone(store.tags), tagging: c.cfg.tags, single: len(keys) == 1}
 	st, err := c.tags.Stamp(ctx, nil) // before the loader reads the source
 	if err != nil {
 		c.report(keys[0].key, fmt.Errorf("%w; the loaded values are not stored", err))
@@ -192,6 +192,9 @@ func (c *Cache[V]) lockEndFor(k loadKey, r *result[V], err error, opts *loadOpti
 		end.record, end.px, end.stamp = record.Build(record.FlagNotFound, record.Freshness{}, st, nil), c.cfg.notFoundTTL, st
 	default:
 		end.record, end.px = c.wrap(r.data, took, c.ttlFor(opts, k), st)
+		if opts.versioned {
+			end.record = record.AddVersion(end.record, opts.version)
+		}
 		end.stamp = st
 	}
 	return end

@@ -11,16 +11,21 @@ import (
 
 // loadOptions is what a loader said through its context.
 type loadOptions struct {
-	ttl     ttlChoice // the call's, unless the loader chose
-	tags    []string  // the call's, and the loader's (AddTags)
-	noCache bool
-	tagging bool // the Cache has WithTags: AddTags works
+	ttl       ttlChoice // the call's, unless the loader chose
+	tags      []string  // the call's, and the loader's (AddTags)
+	noCache   bool
+	tagging   bool // the Cache has WithTags: AddTags works
+	single    bool // one key is loaded: SetVersion works
+	version   int64
+	versioned bool // SetVersion was called
 }
 
 // storeChoice is what one call chose for the values it stores.
 type storeChoice struct {
-	ttl  ttlChoice
-	tags []string // see Tags
+	ttl       ttlChoice
+	tags      []string // see Tags
+	version   int64    // see Version
+	versioned bool
 }
 
 // ttlChoice is the TTL one call or one load chose; unset, the Cache's.
@@ -91,6 +96,22 @@ func AddTags(ctx context.Context, tags ...string) bool {
 func DoNotCache(ctx context.Context) bool {
 	if o, _ := ctx.Value(loadOptionsKey{}).(*loadOptions); o != nil {
 		o.noCache = true
+		return true
+	}
+	return false
+}
+
+// SetVersion, called by a loader of one key with the context it was given,
+// stores v, the source's version of the value it is about to return (the
+// row's version, read with it), with the value, as [Version] does for
+// [Cache.Set]: a later versioned Set older than v is then refused, even
+// though the value came from a load. It reports whether ctx is the context
+// of a loader of one key: false for any other, and for a
+// [Cache.GetOrLoadMany] loader of several keys (one version cannot be every
+// value's), whose values are stored without a version.
+func SetVersion(ctx context.Context, v int64) bool {
+	if o, _ := ctx.Value(loadOptionsKey{}).(*loadOptions); o != nil && o.single {
+		o.version, o.versioned = v, true
 		return true
 	}
 	return false

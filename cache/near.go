@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,6 +144,7 @@ type nearEntry[V any] struct {
 	until   int64       // clock.Now after which the entry is not served
 	tags    []string    // the tags of the record it was read from (see stampHolds)
 	checked atomic.Bool // keep found its ticket valid after storing it: not served before
+	deps    []string    // the version keys of its tags: DeleteByTag of one drops it
 }
 
 // cloner is a value that copies itself: near hits clone instead of decoding.
@@ -156,6 +158,14 @@ type near[V any] struct {
 	shared bool // hand out e.v itself
 	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
+
+	// byTag finds the keys whose entries carry a tag, by its version key,
+	// so that a DeleteByTag drops them alone. A tagged entry is stored and
+	// indexed under tmu, and a deleted one unindexed under tmu unless the
+	// key holds another entry with the tag: every stored entry with a tag
+	// is indexed (an index that names more is only looked at in vain).
+	tmu   sync.Mutex
+	byTag map[string]map[string]struct{} // version key -> callers' keys; protected by tmu
 
 	closeOnce sync.Once
 }
@@ -174,7 +184,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		return nil
 	}
 	cfg := c.cfg
-	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix}
+	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]struct{}{}}
 	_, n.clones = any((*V)(nil)).(cloner[V])
 	n.store = otter.Must(&otter.Options[string, *nearEntry[V]]{
 		MaximumWeight: uint64(c.cfg.near.maxBytes),
@@ -189,6 +199,9 @@ func newNear[V any](c *Cache[V]) *near[V] {
 				cfg.emit(EventNearEviction, cfg.prefix+e.Key, 0, nil) // the store's keys are the callers'
 
 			}
+			if len(e.Value.deps) > 0 {
+				n.unindex(e.Key, e.Value)
+			}
 		},
 	})
 	health := c.share.res.health // not c: the near cache must not keep its Cache alive
@@ -200,6 +213,15 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	}
 	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
 		OnDrop: func(key string, all bool) {
+			if all && key != "" { // a version: Forget dropped it from memory
+				switch everything, tagged := tags.Depends(key); {
+				case tagged: // a DeleteByTag: the values with the tag
+					n.dropTagged(&cfg, key)
+					return
+				case !everything: // the clock: no value depends on it
+					return
+				}
+			}
 			if all {
 				tags.Forget()
 				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
@@ -223,6 +245,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		OnNarrow:  func(err error) { health.NearNarrow(cfg.prefix, err) },
 		OnWiden:   func() { health.NearWiden(cfg.prefix) },
 		Global:    tags.Global,
+		Forget:    tags.ForgetKey,
 	})
 	return n
 }
@@ -282,7 +305,12 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		e.v = &v
 	}
 	local := strings.Clone(key[len(n.prefix):]) // not a slice that keeps the prefixed key alive
-	n.store.Set(local, e)
+	if r.stamp != nil && len(r.stamp.Tags) > 0 {
+		e.deps = c.tags.Keys(r.stamp.Tags)
+		n.storeTagged(local, e)
+	} else {
+		n.store.Set(local, e)
+	}
 	if n.track.Valid(tk) {
 		// Served only from now on: between the store and the check, a read
 		// that began after a write returned could otherwise get an entry
@@ -296,6 +324,63 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		}
 		return old, otter.CancelOp
 	})
+}
+
+// storeTagged stores e, which carries tags, at local, and indexes it.
+func (n *near[V]) storeTagged(local string, e *nearEntry[V]) {
+	n.tmu.Lock()
+	defer n.tmu.Unlock()
+	for _, d := range e.deps {
+		m := n.byTag[d]
+		if m == nil {
+			m = map[string]struct{}{}
+			n.byTag[d] = m
+		}
+		m[local] = struct{}{}
+	}
+	n.store.Set(local, e) // under tmu: an unindex cannot run between the two
+}
+
+// unindex forgets that local holds e, deleted, unless local holds another
+// entry with the same tags.
+func (n *near[V]) unindex(local string, e *nearEntry[V]) {
+	n.tmu.Lock()
+	defer n.tmu.Unlock()
+	cur, ok := n.store.GetEntryQuietly(local)
+	for _, d := range e.deps {
+		if ok && slices.Contains(cur.Value.deps, d) {
+			continue
+		}
+		if m := n.byTag[d]; m != nil {
+			delete(m, local)
+			if len(m) == 0 {
+				delete(n.byTag, d)
+			}
+		}
+	}
+}
+
+// dropTagged drops the entries that carry the tag of version key vkey,
+// which a DeleteByTag just changed. Reads in flight are void already (see
+// coherence.Hooks.Global): an entry stored after the index was taken
+// fails its check.
+func (n *near[V]) dropTagged(cfg *config, vkey string) {
+	n.tmu.Lock()
+	m := n.byTag[vkey]
+	delete(n.byTag, vkey)
+	n.tmu.Unlock()
+	for local := range m {
+		dropped := false
+		n.store.ComputeIfPresent(local, func(old *nearEntry[V]) (*nearEntry[V], otter.ComputeOp) {
+			if dropped = slices.Contains(old.deps, vkey); dropped {
+				return nil, otter.InvalidateOp
+			}
+			return old, otter.CancelOp
+		})
+		if dropped {
+			cfg.emit(EventNearInvalidation, n.prefix+local, 0, nil)
+		}
+	}
 }
 
 func (n *near[V]) close() {

@@ -525,7 +525,8 @@ func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true 
 // clock and its tags (a few bytes), and a read checks the stamp against the
 // versions that DeleteByTag and Clear set, which a near cache keeps in
 // memory under the same coherence as values (a near hit costs the same; a
-// DeleteByTag or Clear empties every process's memory). Without a near
+// DeleteByTag drops the values with its tags from every process's memory,
+// a Clear empties it). Without a near
 // cache, each Redis hit reads the versions too: one more round trip.
 //
 // Set it in every process of the prefix: a process without it writes

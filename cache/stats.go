@@ -33,9 +33,9 @@ type Stats struct {
 	// UncachedLoads counts keys loaded under FailOpen while Redis could not
 	// serve them (EventUncachedLoad).
 	UncachedLoads int64
-	BreakerOpen  bool  // the circuit breaker keeps calls off Redis now
-	NearEntries  int64 // values in the near cache now (an estimate)
-	NearBytes    int64 // their weight against the near cache's budget (updated in batches)
+	BreakerOpen   bool  // the circuit breaker keeps calls off Redis now
+	NearEntries   int64 // values in the near cache now (an estimate)
+	NearBytes     int64 // their weight against the near cache's budget (updated in batches)
 }
 
 const (

@@ -67,7 +67,13 @@ func (c *Cache[V]) deleteVersions(ctx context.Context, keys []string) error {
 	}
 	all := append([]string{c.tags.Clock}, keys...)
 	mem := tagMemory.Milliseconds()
-	return c.writeScript(ctx, keys[0], tagsScript, all, mem)
+	// The clock is dropped from memory with the versions: this process's
+	// next loads must not be stamped before them (never current, they
+	// would load again until the clock's invalidation arrives).
+	dropped := append(slices.Clone(keys), c.tags.Clock)
+	return c.writeConfirmed(ctx, dropped, tagsScript,
+		func(p redis.Pipeliner) { tagsScript.EvalSha(ctx, p, all, mem) },
+		func() error { return tagsScript.Run(ctx, c.rdb, all, mem).Err() })
 }
 
 // deleteByTag is DeleteByTag.

@@ -55,8 +55,22 @@ func (c *Cache[V]) set(ctx context.Context, key string, v V, o callOptions) erro
 	defer c.group.Forget(key) // later callers must not join a flight that began before the write
 	defer c.nearDrop(key)
 	rec, px := c.wrap(data, 0, ttl, st)
-	keys, args := []string{key, LockKey(key)}, []any{rec, px.Milliseconds(), c.notify.Channel(key)}
-	return c.writeScript(ctx, key, setScript, keys, args...)
+	var version []byte // "": any value is replaced
+	if o.store.versioned {
+		rec, version = record.AddVersion(rec, o.store.version), record.VersionBytes(o.store.version)
+	}
+	keys, args := []string{key, LockKey(key)}, []any{rec, px.Milliseconds(), c.notify.Channel(key), version}
+	var reply *redis.Cmd // the last attempt's
+	err = c.writeConfirmed(ctx, []string{key}, setScript,
+		func(p redis.Pipeliner) { reply = setScript.EvalSha(ctx, p, keys, args...) },
+		func() error { reply = setScript.Run(ctx, c.rdb, keys, args...); return reply.Err() })
+	if err == nil && reply != nil && reply.Val() == int64(0) {
+		// Refused, yet after the confirmation: the newer value's own Set
+		// may not have been acknowledged yet, and a read after this one
+		// returns must not find older memory anywhere.
+		return fmt.Errorf("cache: set %q at version %d: %w", key, o.store.version, ErrOlderVersion)
+	}
+	return err
 }
 
 // delete is Delete.
@@ -230,6 +244,9 @@ func (c *Cache[V]) expireOnce(ctx context.Context, key, full string) (done bool,
 		st = &s
 	}
 	expired := record.Build(record.FlagExpired, record.Freshness{Expiry: time.Now(), Load: f.Load, TTL: f.TTL}, st, payload)
+	if v, ok := record.ReadVersion(b); ok { // a versioned Set older than the value is still refused
+		expired = record.AddVersion(expired, v)
+	}
 	keys, args := []string{full, LockKey(full)}, []any{b, expired, c.notify.Channel(full)}
 	var cmd *redis.Cmd
 	err = c.writeConfirmed(ctx, []string{full}, expireScript,

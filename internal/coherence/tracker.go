@@ -34,8 +34,9 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 // [Tracker.Invalidate]) and should return quickly: invalidations wait
 // behind them.
 type Hooks struct {
-	// OnDrop removes key (the Redis key, prefix included) from memory, or
-	// everything when all is set.
+	// OnDrop removes key (the Redis key, prefix included) from memory; with
+	// all set, everything when key is "", else what depends on key, a
+	// Global key (every read in flight is void by then).
 	OnDrop func(key string, all bool)
 	// OnLapse reports a holder that a write waited out (its lease ended)
 	// instead of hearing its acknowledgement.
@@ -52,10 +53,17 @@ type Hooks struct {
 	// OnWiden reports that the registry's name, refused before, was granted
 	// (the ACL was fixed while the process ran): the tracker uses it again.
 	OnWiden func()
-	// Global reports keys that every value in memory depends on (the tag
-	// versions): their invalidation voids every read in flight and empties
-	// memory, as a drop of everything does.
+	// Global reports keys that values in memory may depend on besides
+	// their own (the tag versions): their invalidation voids every read in
+	// flight, whose values' dependencies are not known yet, calls Forget,
+	// voids every read in flight again, and calls OnDrop(key, true) to drop
+	// the values that depend on key.
 	Global func(key string) bool
+	// Forget drops what memory holds of a Global key (its value). It runs
+	// between two voids of every read in flight: a read that took its
+	// ticket after the first may have used what memory held of the key,
+	// and the second voids it.
+	Forget func(key string)
 }
 
 // Tracker is the coherence side of one near cache: it tracks invalidations,
@@ -185,6 +193,9 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	}
 	if hooks.OnWiden == nil {
 		hooks.OnWiden = func() {}
+	}
+	if hooks.Forget == nil {
+		hooks.Forget = func(string) {}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Tracker{
@@ -317,7 +328,10 @@ func (t *Tracker) Invalidated(tk Ticket) bool { return t.gens[tk.stripe].Load() 
 // from memory.
 func (t *Tracker) Invalidate(key string) {
 	if t.hooks.Global != nil && t.hooks.Global(key) {
-		t.dropAll(false)
+		t.epoch.Add(1)
+		t.hooks.Forget(key)
+		t.epoch.Add(1)
+		t.hooks.OnDrop(key, true)
 		return
 	}
 	t.gens[t.stripe(key)].Add(1)

@@ -29,6 +29,15 @@
 // flag skip it (and refresh with their own TTL); records without it, older
 // ones included, have the cache's TTL.
 //
+// Extensions follow the metadata the flags announce (the Freshness and
+// TTL), within the n bytes: entries of a type byte, a length byte and that
+// many bytes. A reader skips the types it does not know, and readers that
+// know no extension skip them all with the rest of the metadata, so an
+// extension needs no flag and keeps the format at version 1. Type 1 is the
+// source's version of the value (a versioned Set), 8 bytes: the int64
+// big-endian with its sign bit flipped, so that the bytes compare as the
+// numbers do (see [VersionBytes]).
+//
 // A stamp (flag bit 1, required: a reader that ignored it could serve a
 // value that DeleteByTag or Clear removed) is uvarints: the tag clock read
 // before the value was loaded, the number of tags, then each tag's length
@@ -70,7 +79,13 @@ const (
 	HeaderLen         = 3  // bytes before the metadata
 	FreshnessLen      = 12 // bytes of Freshness metadata
 	TTLLen            = 8  // bytes of TTL metadata
+	// VersionLen is the length of a source's version as stored (see
+	// [VersionBytes]).
+	VersionLen = 8
 )
+
+// extVersion is the type of the extension that holds the source's version.
+const extVersion byte = 1
 
 const (
 	requiredFlags byte = 0x0f // flags a reader must understand

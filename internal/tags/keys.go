@@ -33,6 +33,20 @@ func (s *Versions) Keys(tags []string) []string {
 // no value's (see coherence.Hooks.Global), and that callers may not use.
 func (s *Versions) Global(key string) bool { return strings.HasPrefix(key, s.base) }
 
+// Depends reports what a change of Global key means to the values kept in
+// memory: every value depends on the Cache's version (Clear); a tag's
+// version, only the values that carry the tag (tagged); the clock, none
+// (a stamp that read an older clock is only older).
+func (s *Versions) Depends(key string) (all, tagged bool) {
+	switch key {
+	case s.All:
+		return true, false
+	case s.Clock:
+		return false, false
+	}
+	return false, true
+}
+
 // Merge returns the distinct tags of a and b, sorted.
 func Merge(a, b []string) []string {
 	if len(a)+len(b) == 0 {

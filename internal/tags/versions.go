@@ -80,6 +80,14 @@ func (s *Versions) Forget() {
 	s.mu.Unlock()
 }
 
+// ForgetKey drops the version at key (a version key, or the clock) kept in
+// memory: it changed, and the others still hold.
+func (s *Versions) ForgetKey(key string) {
+	s.mu.Lock()
+	delete(s.memo, key)
+	s.mu.Unlock()
+}
+
 // recall returns the versions at keys if memory has all of them.
 func (s *Versions) recall(keys []string) ([]uint64, bool) {
 	s.mu.Lock()
