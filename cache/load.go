@@ -154,6 +154,10 @@ func (c *Cache[V]) resultOf(key string, v V, ok bool) (*result[V], error) {
 		return &result[V]{notFound: ErrNotFound}, nil
 	}
 	data, err := c.marshal(v)
+	var pe *PanicError
+	if errors.As(err, &pe) { // a broken codec, as when it panics decoding: the callers' error
+		return nil, fmt.Errorf("cache: encode value for %q: %w", key, err)
+	}
 	if err != nil {
 		// The value is good, only not storable: its callers get it.
 		err = fmt.Errorf("cache: encode value for %q; it is returned but not stored: %w", key, err)

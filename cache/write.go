@@ -134,15 +134,6 @@ func delCmds(ctx context.Context, p redis.Pipeliner, keys []string) {
 	}
 }
 
-// writeScript is writeConfirmed for a write of key that is one run of
-// script: by its hash, in the confirmation's pipeline too, as
-// redis.Script.Run sends it alone (EVAL only after a NOSCRIPT).
-func (c *Cache[V]) writeScript(ctx context.Context, key string, script *redis.Script, keys []string, args ...any) error {
-	return c.writeConfirmed(ctx, []string{key}, script,
-		func(p redis.Pipeliner) { script.EvalSha(ctx, p, keys, args...) },
-		func() error { return script.Run(ctx, c.rdb, keys, args...).Err() })
-}
-
 // writeConfirmed runs a write of keys (keys[0] names it in errors) within
 // the retry budget and, on a client the near cache supports, with or
 // without a near cache in this process, its confirmation
