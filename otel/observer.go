@@ -95,6 +95,10 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 			"Deletes and Sets that waited out another process's near-cache lease (frozen, cut off) instead of its acknowledgement."),
 		decodeErrors: counter("cache.decode.errors", "{record}",
 			"Records read from Redis that the codec could not decode (another value type or program writes the keys), each treated as a miss."),
+		encodeErrors: counter("cache.encode.errors", "{value}",
+			"Loaded values the codec could not encode: returned to their callers, not stored."),
+		uncachedLoads: counter("cache.loads.uncached", "{key}",
+			"Keys loaded without Redis under FailOpen while Redis could not serve them: the database takes the cache's load."),
 		loadTime:    histogram("cache.load.duration", "Duration of the loader's calls, by outcome."),
 		waitTime:    histogram("cache.wait.duration", "Duration of waits for another holder's load, by outcome."),
 		refreshTime: histogram("cache.refresh.duration", "Duration of background refreshes, by outcome."),
@@ -129,6 +133,7 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 type observer struct {
 	lookups, contentions, woken, lockLost, loadVoided, staleServed, redisErrors, breaker metric.Int64Counter
 	nearHits, nearRemoved, nearDrops, nearLeaseWaits, decodeErrors                       metric.Int64Counter
+	encodeErrors, uncachedLoads                                                          metric.Int64Counter
 	breakerOpenNow                                                                       metric.Int64UpDownCounter
 	loadTime, waitTime, refreshTime                                                      metric.Float64Histogram
 
@@ -176,6 +181,10 @@ func (o *observer) observe(e cache.Event) {
 		o.breakerOpenNow.Add(ctx, -1, o.plain...)
 	case cache.EventDecodeError:
 		o.decodeErrors.Add(ctx, 1, o.plain...)
+	case cache.EventEncodeError:
+		o.encodeErrors.Add(ctx, 1, o.plain...)
+	case cache.EventUncachedLoad:
+		o.uncachedLoads.Add(ctx, 1, o.plain...)
 	case cache.EventNearHit:
 		o.nearHits.Add(ctx, 1, o.plain...)
 	case cache.EventNearInvalidation:

@@ -301,6 +301,8 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventNearDrop}, "cache.near.drops", nil},
 		{cache.Event{Kind: cache.EventNearLeaseWait}, "cache.near.lease_waits", nil},
 		{cache.Event{Kind: cache.EventDecodeError, Err: failed}, "cache.decode.errors", nil},
+		{cache.Event{Kind: cache.EventEncodeError, Err: failed}, "cache.encode.errors", nil},
+		{cache.Event{Kind: cache.EventUncachedLoad}, "cache.loads.uncached", nil},
 		{cache.Event{Kind: 0}, "", nil},
 		{cache.Event{Kind: 200}, "", nil},
 	}
