@@ -6,7 +6,9 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,4 +410,282 @@ func TestDeleteByTagUnderAPrefixWithAStrayBrace(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 10*round+2, v.Price)
 	}
+}
+
+// This file checks that Clear reaches near caches: its own process's,
+// through the version key it writes, and another process's, through the
+// invalidation Redis sends for that key.
+// nearServed waits until c serves key from memory with price.
+func nearServed(t *testing.T, c *Cache[product], hits *atomic.Int64, key string, price int, src *tagSource) {
+	t.Helper()
+	before := hits.Load()
+	waitFor(t, func() bool {
+		v, err := c.GetOrLoad(context.Background(), key, src.loader(key))
+		return err == nil && v.Price == price && hits.Load() > before
+	})
+}
+
+// countNearHits is an observer that counts near hits.
+func countNearHits(n *atomic.Int64) Option {
+	return WithObserver(func(e Event) {
+		if e.Kind == EventNearHit {
+			n.Add(1)
+		}
+	})
+}
+
+// One process: a value served from memory, untagged, is not served after
+// Clear returned. Clear writes only its version key: the near cache must
+// take that key for one every value depends on.
+func TestClearEmptiesItsOwnNearCache(t *testing.T) {
+	rdb, p := setup(t)
+	ctx := context.Background()
+	var hits atomic.Int64
+	c := New[product](rdb, WithPrefix(p), WithTags(), countNearHits(&hits))
+	defer c.Close()
+	var src tagSource
+	for round := range 2 {
+		src.set("k", round)
+		nearServed(t, c, &hits, "k", round, &src)
+		src.set("k", round+1)
+		require.NoError(t, c.Clear(ctx))
+		v, err := c.GetOrLoad(ctx, "k", src.loader("k"))
+		require.NoError(t, err)
+		assert.Equal(t, round+1, v.Price, "round %d: a read after Clear returned got the value from before", round)
+	}
+}
+
+// Two processes (Caches on separate clients): a value the reader serves
+// from memory, untagged, is not served after the writer's Clear returned,
+// nor is the reader's copy of a value it loaded itself.
+func TestClearEmptiesOtherNearCaches(t *testing.T) {
+	addr := redistest.Addr(t)
+	w := redistest.Client(t, addr)
+	p := redistest.Prefix(t, w)
+	ctx := context.Background()
+	var hits atomic.Int64
+	reader := New[product](redistest.Client(t, addr), WithPrefix(p), WithTags(), countNearHits(&hits))
+	defer reader.Close()
+	writer := New[product](w, WithPrefix(p), WithTags())
+	defer writer.Close()
+	var src tagSource
+	for round := range 2 {
+		src.set("set", round)
+		src.set("loaded", round)
+		require.NoError(t, writer.Set(ctx, "set", product{ID: "set", Price: round}))
+		nearServed(t, reader, &hits, "set", round, &src)
+		nearServed(t, reader, &hits, "loaded", round, &src)
+		src.set("set", round+1)
+		src.set("loaded", round+1)
+		require.NoError(t, writer.Clear(ctx))
+		for _, key := range []string{"set", "loaded"} {
+			v, err := reader.GetOrLoad(ctx, key, src.loader(key))
+			require.NoError(t, err)
+			assert.Equal(t, round+1, v.Price, "round %d: %s: a read after Clear returned elsewhere got the value from before", round, key)
+		}
+	}
+}
+
+// warmTagged reads key through c until a read is served from memory.
+func warmTagged(t *testing.T, c *Cache[product], ev *events, key string, load func(context.Context) (product, error)) {
+	t.Helper()
+	require.True(t, eventually(func() bool {
+		hits := ev.get(EventNearHit)
+		_, err := c.GetOrLoad(t.Context(), key, load)
+		return err == nil && ev.get(EventNearHit) > hits
+	}), "%s never served from memory", key)
+}
+
+// TestDeleteByTagDropsOnlyItsTagFromNearCaches: DeleteByTag(T) drops from
+// every near cache, the writer's own and another process's, the entries
+// that carry T, and only those: an entry with another tag, or none, is
+// still served from memory; an entry with T is never served after it
+// returned.
+func TestDeleteByTagDropsOnlyItsTagFromNearCaches(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	p := redistest.Prefix(t, redistest.Client(t, addr))
+	ctx := t.Context()
+	writer, _, wev := newNearCache(t, p, WithTags(), WithNearMaxAge(time.Minute))
+	reader, _, rev := newNearCache(t, p, WithTags(), WithNearMaxAge(time.Minute))
+	var src tagSource
+	keys := map[string][]string{"withT": {"T"}, "withTU": {"T", "U"}, "withU": {"U"}, "untagged": nil}
+	for round := range 3 {
+		for k, tags := range keys {
+			src.set(k, round)
+			for _, c := range []struct {
+				c  *Cache[product]
+				ev *events
+			}{{writer, wev}, {reader, rev}} {
+				warmTagged(t, c.c, c.ev, k, src.loader(k, tags...))
+			}
+		}
+		// Once more, after the invalidations of the loads' commits arrived
+		// (one may land after the read that filled memory, and drop it).
+		time.Sleep(50 * time.Millisecond)
+		for k, tags := range keys {
+			warmTagged(t, writer, wev, k, src.loader(k, tags...))
+			warmTagged(t, reader, rev, k, src.loader(k, tags...))
+		}
+		for k := range keys {
+			src.set(k, round+100)
+		}
+		require.NoError(t, writer.DeleteByTag(ctx, "T"))
+		for name, c := range map[string]*Cache[product]{"writer": writer, "reader": reader} {
+			for k, tags := range keys {
+				hasT := len(tags) > 0 && tags[0] == "T"
+				if got := nearHas(c, k); got == hasT {
+					ev := map[string]*events{"writer": wev, "reader": rev}[name]
+					t.Errorf("round %d, %s: %s in memory after DeleteByTag(T) = %v; want %v (drops %d, invalidations %d, evictions %d)", round, name, k, got, !hasT,
+						ev.get(EventNearDrop), ev.get(EventNearInvalidation), ev.get(EventNearEviction))
+				}
+				v, err := c.GetOrLoad(ctx, k, src.loader(k, tags...))
+				require.NoError(t, err)
+				want := round
+				if hasT {
+					want = round + 100
+				}
+				if v.Price != want {
+					t.Errorf("round %d, %s: %s = %d after DeleteByTag(T); want %d", round, name, k, v.Price, want)
+				}
+			}
+		}
+		// Clear still drops everything.
+		require.NoError(t, writer.Clear(ctx))
+		for k := range keys {
+			if nearHas(reader, k) || nearHas(writer, k) {
+				t.Errorf("round %d: %s still in memory after Clear", round, k)
+			}
+		}
+	}
+}
+
+// TestDeleteByTagNearHitRatio logs the near hit ratio of a reader of 100
+// keys in 10 tags while another process deletes one tag between rounds of
+// reads (a reprice): only the keys of the deleted tag are read from Redis
+// again. The bound is loose: it fails only when a DeleteByTag empties
+// memory.
+func TestDeleteByTagNearHitRatio(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	p := redistest.Prefix(t, redistest.Client(t, addr))
+	ctx := t.Context()
+	writer := New[product](redistest.Client(t, addr), WithPrefix(p), WithTags(), WithoutNearCache())
+	t.Cleanup(func() { writer.Close() })
+	reader, _, ev := newNearCache(t, p, WithTags(), WithNearMaxAge(time.Minute))
+	var src tagSource
+	const keys, tags, rounds = 100, 10, 30
+	loader := func(i int) func(context.Context) (product, error) {
+		return src.loader(fmt.Sprint("k", i), fmt.Sprint("cat", i%tags))
+	}
+	for i := range keys { // warm: every key in memory
+		warmTagged(t, reader, ev, fmt.Sprint("k", i), loader(i))
+	}
+	hits0, reads := ev.get(EventNearHit), 0
+	for range rounds {
+		require.NoError(t, writer.DeleteByTag(ctx, fmt.Sprint("cat", rand.IntN(tags))))
+		for i := range keys {
+			_, err := reader.GetOrLoad(ctx, fmt.Sprint("k", i), loader(i))
+			require.NoError(t, err)
+			reads++
+		}
+	}
+	ratio := float64(ev.get(EventNearHit)-hits0) / float64(reads)
+	t.Logf("near hit ratio with one DeleteByTag of %d tags between reads of %d keys: %.0f%% (%d reads)", tags, keys, 100*ratio, reads)
+	if ratio < 0.5 {
+		t.Errorf("near hit ratio %.2f: DeleteByTag of one tag in %d dropped more than its keys", ratio, tags)
+	}
+}
+
+// TestDeleteByTagRacingNearReaders: readers serve a tagged value from
+// memory in a loop while another Cache changes its source and deletes its
+// tag, round after round; no read that began after a DeleteByTag returned
+// gets a value older than that round's, while a value with another tag
+// stays in memory throughout.
+func TestDeleteByTagRacingNearReaders(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	p := redistest.Prefix(t, redistest.Client(t, addr))
+	ctx := t.Context()
+	reader, _, ev := newNearCache(t, p, WithTags(), WithNearMaxAge(time.Minute))
+	writer := New[product](redistest.Client(t, addr), WithPrefix(p), WithTags())
+	t.Cleanup(func() { writer.Close() })
+	var src tagSource
+	src.set("t", 0)
+	src.set("u", 0)
+	warmTagged(t, reader, ev, "u", src.loader("u", "U"))
+	var (
+		returned     atomic.Int64 // the last round whose DeleteByTag returned
+		stop         atomic.Bool
+		reads, stale atomic.Int64
+		wg           sync.WaitGroup
+	)
+	for range 4 {
+		wg.Go(func() {
+			for !stop.Load() {
+				want := returned.Load()
+				v, err := reader.GetOrLoad(ctx, "t", src.loader("t", "T"))
+				reads.Add(1)
+				if err == nil && int64(v.Price) < want {
+					stale.Add(1)
+				}
+			}
+		})
+	}
+	const rounds = 50
+	for r := 1; r <= rounds; r++ {
+		src.set("t", r)
+		require.NoError(t, writer.DeleteByTag(ctx, "T"))
+		returned.Store(int64(r))
+		time.Sleep(2 * time.Millisecond) // let the readers fill memory again
+	}
+	stop.Store(true)
+	wg.Wait()
+	hits := ev.get(EventNearHit)
+	_, err := reader.GetOrLoad(ctx, "u", src.loader("u", "U"))
+	require.NoError(t, err)
+	t.Logf("%d reads across %d DeleteByTag, %d near hits, %d stale", reads.Load(), rounds, hits, stale.Load())
+	if stale.Load() > 0 {
+		t.Errorf("%d reads began after a DeleteByTag returned and got an older value", stale.Load())
+	}
+	if ev.get(EventNearHit) != hits+1 {
+		t.Error("the value tagged U left memory during the DeleteByTag of T")
+	}
+}
+
+// TestTagsOutageKeepsOffRedis: with tags, once the breaker is open, a
+// GetOrLoad costs no dial (the tag clock's read goes through the breaker
+// too) and reaches the error hook no more: the opening was reported.
+func TestTagsOutageKeepsOffRedis(t *testing.T) {
+	t.Parallel()
+	rdb, dials := dialCounter(t, deadAddr(t))
+	var hooks, redisErrs atomic.Int64
+	c := New[product](rdb, WithTags(), WithoutNearCache(), WithCircuitBreaker(2, time.Hour),
+		WithErrorHook(func(string, error) { hooks.Add(1) }),
+		WithObserver(func(e Event) {
+			if e.Kind == EventRedisError {
+				redisErrs.Add(1)
+			}
+		}))
+	defer c.Close()
+	src := &counter{}
+	for i := 0; !c.Stats().BreakerOpen; i++ {
+		require.Less(t, i, 10, "the breaker never opened")
+		_, err := c.GetOrLoad(t.Context(), "k", src.load)
+		require.NoError(t, err)
+	}
+	d0, h0, e0, l0 := dials.Load(), hooks.Load(), redisErrs.Load(), src.calls.Load()
+	for range 100 {
+		_, err := c.GetOrLoad(t.Context(), "k", src.load, Tags("t"))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, l0+100, src.calls.Load(), "FailOpen loads each call, uncached")
+	assert.Equal(t, d0, dials.Load(), "no dial while the breaker is open")
+	assert.Equal(t, h0, hooks.Load(), "the error hook heard of the outage already")
+	assert.Equal(t, e0, redisErrs.Load(), "no Redis call, no Redis error")
+	assert.LessOrEqual(t, h0, int64(2*2), "before it opened: one report per failed call at most")
+
+	err := c.Set(t.Context(), "k", product{ID: "1"}, Tags("t"))
+	require.True(t, errors.Is(err, ErrCircuitOpen), "Set: %v", err)
+	assert.Equal(t, d0, dials.Load(), "no dial for a Set either")
 }
