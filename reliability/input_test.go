@@ -225,13 +225,23 @@ func TestValuesTheCodecRejects(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p := redistest.Prefix(t, direct)
-			c := cache.New[any](direct, cache.WithPrefix(p), cache.WithCodec(tc.codec))
+			// The loaded value is the caller's, returned uncached; the
+			// encode error goes to the hook.
+			var hooked error
+			c := cache.New[any](direct, cache.WithPrefix(p), cache.WithCodec(tc.codec),
+				cache.WithErrorHook(func(_ string, err error) { hooked = err }))
 			_, err := c.GetOrLoad(ctx, "k", func(context.Context) (any, error) { return tc.value, nil })
-			if err == nil || !strings.Contains(err.Error(), "cache: encode value") || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("GetOrLoad = %v; want an encode error containing %q", err, tc.want)
+			if err != nil {
+				t.Errorf("GetOrLoad = %v; want the loaded value, uncached", err)
 			}
-			if tc.codec != cache.JSON && !errors.Is(err, errCodec) {
-				t.Errorf("errors.Is(%v, errCodec) = false; want the codec's error wrapped", err)
+			if hooked == nil || !strings.Contains(hooked.Error(), "cache: encode value") || !strings.Contains(hooked.Error(), tc.want) {
+				t.Errorf("error hook got %v; want an encode error containing %q", hooked, tc.want)
+			}
+			if tc.codec != cache.JSON && !errors.Is(hooked, errCodec) {
+				t.Errorf("errors.Is(%v, errCodec) = false; want the codec's error wrapped", hooked)
+			}
+			if n := c.Stats().EncodeErrors; n != 1 {
+				t.Errorf("Stats().EncodeErrors = %d; want 1", n)
 			}
 			if n := direct.Exists(ctx, p+"k", lockKeyOf(p+"k")).Val(); n != 0 {
 				t.Errorf("EXISTS value, lock = %d; want 0: nothing cached, lock released", n)
