@@ -114,22 +114,22 @@ type Event struct {
 	Err      error
 }
 
-func (c *config) emit(kind EventKind, key string, d time.Duration, err error) {
-	if c.counts != nil {
-		c.counts.count(kind, err)
+func (cfg *config) emit(kind EventKind, key string, d time.Duration, err error) {
+	if cfg.counts != nil {
+		cfg.counts.count(kind, err)
 	}
-	if c.observer != nil {
-		c.observe(Event{Kind: kind, Key: key, Duration: d, Err: err})
+	if cfg.observer != nil {
+		cfg.observe(Event{Kind: kind, Key: key, Duration: d, Err: err})
 	}
 }
 
 // observe calls the observer, reporting a panic to the error hook instead
 // of letting it end the goroutine (see WithObserver).
-func (c *config) observe(e Event) {
+func (cfg *config) observe(e Event) {
 	defer func() {
-		if p := recover(); p != nil && c.onError != nil {
-			c.onError(e.Key, &PanicError{in: "observer", Value: p, stack: debug.Stack()})
+		if p := recover(); p != nil && cfg.onError != nil {
+			cfg.onError(e.Key, &PanicError{in: "observer", Value: p, stack: debug.Stack()})
 		}
 	}()
-	c.observer(e)
+	cfg.observer(e)
 }

@@ -124,42 +124,42 @@ func newConfig(opts []Option) config {
 	return c
 }
 
-func (c *config) validate() error {
+func (cfg *config) validate() error {
 	switch {
-	case c.ttl <= 0:
-		return fmt.Errorf("cache: WithTTL(%v): TTL must be positive", c.ttl)
-	case c.ttl < time.Millisecond:
-		return fmt.Errorf("cache: WithTTL(%v): Redis expiries have millisecond resolution", c.ttl)
-	case c.notFoundTTL < 0:
-		return fmt.Errorf("cache: WithNotFoundTTL(%v): TTL must not be negative", c.notFoundTTL)
-	case c.notFoundTTL > 0 && c.notFoundTTL < time.Millisecond:
-		return fmt.Errorf("cache: WithNotFoundTTL(%v): Redis expiries have millisecond resolution", c.notFoundTTL)
-	case c.lockTTL < 3*time.Millisecond:
-		return fmt.Errorf("cache: WithLockTTL(%v): lock TTL must be at least 3ms (the watchdog refreshes every TTL/3)", c.lockTTL)
-	case c.retry.max < 0:
-		return fmt.Errorf("cache: WithRetry(%d, %v): maxRetries must not be negative", c.retry.max, c.retry.backoff)
-	case c.retry.max > 0 && c.retry.backoff <= 0:
-		return fmt.Errorf("cache: WithRetry(%d, %v): backoff must be positive when retrying", c.retry.max, c.retry.backoff)
-	case !(c.jitter >= 0 && c.jitter < 1): // also rejects NaN
-		return fmt.Errorf("cache: WithJitter(%v): fraction must be in [0, 1)", c.jitter)
-	case c.loadTimeout <= 0:
-		return fmt.Errorf("cache: WithLoadTimeout(%v): timeout must be positive", c.loadTimeout)
-	case c.codec == nil:
+	case cfg.ttl <= 0:
+		return fmt.Errorf("cache: WithTTL(%v): TTL must be positive", cfg.ttl)
+	case cfg.ttl < time.Millisecond:
+		return fmt.Errorf("cache: WithTTL(%v): Redis expiries have millisecond resolution", cfg.ttl)
+	case cfg.notFoundTTL < 0:
+		return fmt.Errorf("cache: WithNotFoundTTL(%v): TTL must not be negative", cfg.notFoundTTL)
+	case cfg.notFoundTTL > 0 && cfg.notFoundTTL < time.Millisecond:
+		return fmt.Errorf("cache: WithNotFoundTTL(%v): Redis expiries have millisecond resolution", cfg.notFoundTTL)
+	case cfg.lockTTL < 3*time.Millisecond:
+		return fmt.Errorf("cache: WithLockTTL(%v): lock TTL must be at least 3ms (the watchdog refreshes every TTL/3)", cfg.lockTTL)
+	case cfg.retry.max < 0:
+		return fmt.Errorf("cache: WithRetry(%d, %v): maxRetries must not be negative", cfg.retry.max, cfg.retry.backoff)
+	case cfg.retry.max > 0 && cfg.retry.backoff <= 0:
+		return fmt.Errorf("cache: WithRetry(%d, %v): backoff must be positive when retrying", cfg.retry.max, cfg.retry.backoff)
+	case !(cfg.jitter >= 0 && cfg.jitter < 1): // also rejects NaN
+		return fmt.Errorf("cache: WithJitter(%v): fraction must be in [0, 1)", cfg.jitter)
+	case cfg.loadTimeout <= 0:
+		return fmt.Errorf("cache: WithLoadTimeout(%v): timeout must be positive", cfg.loadTimeout)
+	case cfg.codec == nil:
 		return fmt.Errorf("cache: WithCodec(nil): codec must not be nil")
-	case c.breaker.failures < 0 || c.breaker.failures > math.MaxInt32 || c.breaker.failures > 0 && c.breaker.coolDown <= 0:
-		return fmt.Errorf("cache: WithCircuitBreaker(%d, %v): failures must be positive and the cool-down positive", c.breaker.failures, c.breaker.coolDown)
-	case !(c.beta >= 0 && c.beta <= 100):
-		return fmt.Errorf("cache: WithEarlyRefresh(%v): beta must be in [0, 100]", c.beta)
-	case c.stale < 0:
-		return fmt.Errorf("cache: WithStale(%v): duration must not be negative", c.stale)
-	case c.throttle < time.Millisecond:
-		return fmt.Errorf("cache: WithStaleThrottle(%v): throttle must be at least 1ms", c.throttle)
-	case c.softTimeout < 0:
-		return fmt.Errorf("cache: WithSoftLoadTimeout(%v): timeout must not be negative", c.softTimeout)
-	case c.policy != FailOpen && c.policy != FailClosed:
-		return fmt.Errorf("cache: WithFailurePolicy(%d): unknown policy", c.policy)
-	case c.tags && !slot.HasUnder(c.prefix):
-		return fmt.Errorf("cache: WithTags with WithPrefix(%q): the prefix's first '{' is closed at once, so no two keys beginning with it share a slot, as the tag versions must", c.prefix)
+	case cfg.breaker.failures < 0 || cfg.breaker.failures > math.MaxInt32 || cfg.breaker.failures > 0 && cfg.breaker.coolDown <= 0:
+		return fmt.Errorf("cache: WithCircuitBreaker(%d, %v): failures must be positive and the cool-down positive", cfg.breaker.failures, cfg.breaker.coolDown)
+	case !(cfg.beta >= 0 && cfg.beta <= 100):
+		return fmt.Errorf("cache: WithEarlyRefresh(%v): beta must be in [0, 100]", cfg.beta)
+	case cfg.stale < 0:
+		return fmt.Errorf("cache: WithStale(%v): duration must not be negative", cfg.stale)
+	case cfg.throttle < time.Millisecond:
+		return fmt.Errorf("cache: WithStaleThrottle(%v): throttle must be at least 1ms", cfg.throttle)
+	case cfg.softTimeout < 0:
+		return fmt.Errorf("cache: WithSoftLoadTimeout(%v): timeout must not be negative", cfg.softTimeout)
+	case cfg.policy != FailOpen && cfg.policy != FailClosed:
+		return fmt.Errorf("cache: WithFailurePolicy(%d): unknown policy", cfg.policy)
+	case cfg.tags && !slot.HasUnder(cfg.prefix):
+		return fmt.Errorf("cache: WithTags with WithPrefix(%q): the prefix's first '{' is closed at once, so no two keys beginning with it share a slot, as the tag versions must", cfg.prefix)
 	}
 	return nil
 }
@@ -167,14 +167,14 @@ func (c *config) validate() error {
 // WithTTL sets how long a loaded value stays in Redis, before jitter (see
 // [WithJitter]). Default: 1h ([DefaultTTL]). It must be at least 1ms; [New]
 // panics otherwise.
-func WithTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+func WithTTL(d time.Duration) Option { return func(cfg *config) { cfg.ttl = d } }
 
 // WithNotFoundTTL sets how long an [ErrNotFound] from the loader is cached, so
 // that lookups of absent keys do not reach the database on every call.
 // Default: 1m ([DefaultNotFoundTTL]). Zero turns negative caching off: every
 // lookup of an absent key then costs a (merged, locked) load. Negative values
 // make [New] panic.
-func WithNotFoundTTL(d time.Duration) Option { return func(c *config) { c.notFoundTTL = d } }
+func WithNotFoundTTL(d time.Duration) Option { return func(cfg *config) { cfg.notFoundTTL = d } }
 
 // WithLockTTL sets the lease of the load lock. While the loader runs, a
 // watchdog extends the lease every d/3, so d does not bound the load time; it
@@ -182,7 +182,7 @@ func WithNotFoundTTL(d time.Duration) Option { return func(c *config) { c.notFou
 // ([DefaultLockTTL]), long enough that a GC pause or a slow Redis round trip
 // does not lose a live holder's lock, short enough that a crashed holder is
 // replaced within one retry budget. Minimum 3ms.
-func WithLockTTL(d time.Duration) Option { return func(c *config) { c.lockTTL = d } }
+func WithLockTTL(d time.Duration) Option { return func(cfg *config) { cfg.lockTTL = d } }
 
 // WithRetry sets the waiter budget: after a first lock attempt that finds
 // another holder, up to maxRetries more attempts, each after waiting up to
@@ -196,7 +196,7 @@ func WithLockTTL(d time.Duration) Option { return func(c *config) { c.lockTTL = 
 // well within it. maxRetries 0 means one attempt and no waiting. Negative
 // maxRetries, or a non-positive backoff with retries, make [New] panic.
 func WithRetry(maxRetries int, backoff time.Duration) Option {
-	return func(c *config) { c.retry, c.retrySet = retryPolicy{max: maxRetries, backoff: backoff}, true }
+	return func(cfg *config) { cfg.retry, cfg.retrySet = retryPolicy{max: maxRetries, backoff: backoff}, true }
 }
 
 // WithCircuitBreaker sets when the cache stops calling an unreachable Redis:
@@ -217,19 +217,19 @@ func WithRetry(maxRetries int, backoff time.Duration) Option {
 // ([DefaultBreakerFailures], [DefaultBreakerCoolDown]). See
 // [WithoutCircuitBreaker].
 func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
-	return func(c *config) { c.breaker.failures, c.breaker.coolDown = failures, coolDown }
+	return func(cfg *config) { cfg.breaker.failures, cfg.breaker.coolDown = failures, coolDown }
 }
 
 // WithoutCircuitBreaker makes every call try Redis, however long it has been
 // down.
 func WithoutCircuitBreaker() Option {
-	return func(c *config) { c.breaker.failures, c.breaker.coolDown = 0, -1 }
+	return func(cfg *config) { cfg.breaker.failures, cfg.breaker.coolDown = 0, -1 }
 }
 
 // WithJitter spreads expiries of values loaded together: each TTL is drawn
 // uniformly from [ttl*(1-fraction), ttl*(1+fraction)]. Default: 0.1
 // ([DefaultJitter]). fraction must be in [0, 1). See [WithoutJitter].
-func WithJitter(fraction float64) Option { return func(c *config) { c.jitter = fraction } }
+func WithJitter(fraction float64) Option { return func(cfg *config) { cfg.jitter = fraction } }
 
 // WithoutJitter stores every value for exactly its TTL.
 func WithoutJitter() Option { return WithJitter(0) }
@@ -242,18 +242,18 @@ func WithoutJitter() Option { return WithJitter(0) }
 // sets ContextTimeoutEnabled; otherwise the client's own read and write
 // timeouts bound them. Callers stop waiting earlier when their own context
 // ends. Default: 30s ([DefaultLoadTimeout]).
-func WithLoadTimeout(d time.Duration) Option { return func(c *config) { c.loadTimeout = d } }
+func WithLoadTimeout(d time.Duration) Option { return func(cfg *config) { cfg.loadTimeout = d } }
 
 // WithCodec sets how values are encoded. Default: [JSON].
-func WithCodec(codec Codec) Option { return func(c *config) { c.codec = codec } }
+func WithCodec(codec Codec) Option { return func(cfg *config) { cfg.codec = codec } }
 
 // WithPrefix is prepended to every key given to the Cache, for
 // example "svc:products:". Default: none, so the value lives at exactly the
 // key and other programs can read or delete it.
-func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+func WithPrefix(prefix string) Option { return func(cfg *config) { cfg.prefix = prefix } }
 
 // WithFailurePolicy sets what happens when Redis fails. Default: [FailOpen].
-func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.policy = p } }
+func WithFailurePolicy(p FailurePolicy) Option { return func(cfg *config) { cfg.policy = p } }
 
 // WithErrorHook is called with the errors the cache handles without
 // returning them to a caller: a Redis error that [FailOpen] turned into an
@@ -270,25 +270,25 @@ func WithFailurePolicy(p FailurePolicy) Option { return func(c *config) { c.poli
 // calls, not one per request. Given more than once, every fn gets every
 // error, in the order given (as [WithObserver]). Default: none.
 func WithErrorHook(fn func(key string, err error)) Option {
-	return func(c *config) {
-		if prev := c.onError; prev != nil && fn != nil {
-			c.onError = func(key string, err error) { defer fn(key, err); prev(key, err) } // deferred: fn hears it even if prev panics
+	return func(cfg *config) {
+		if prev := cfg.onError; prev != nil && fn != nil {
+			cfg.onError = func(key string, err error) { defer fn(key, err); prev(key, err) } // deferred: fn hears it even if prev panics
 			return
 		}
 		if fn != nil {
-			c.onError = fn
+			cfg.onError = fn
 		}
 	}
 }
 
 // quietBreaker keeps from the error hook the errors of calls the open
 // breaker kept from Redis, whichever path absorbed them.
-func (c *config) quietBreaker() {
-	hook := c.onError
+func (cfg *config) quietBreaker() {
+	hook := cfg.onError
 	if hook == nil {
 		return
 	}
-	c.onError = func(key string, err error) {
+	cfg.onError = func(key string, err error) {
 		if !errors.Is(err, ErrCircuitOpen) {
 			hook(key, err)
 		}
@@ -316,7 +316,7 @@ func (c *config) quietBreaker() {
 // times expected at a TTL of 12.5 load durations, 1.02 measured) and cold
 // keys, which see no hit near their expiry, never. Larger beta refreshes earlier; 0 turns it off. beta
 // must be in [0, 100].
-func WithEarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta } }
+func WithEarlyRefresh(beta float64) Option { return func(cfg *config) { cfg.beta = beta } }
 
 // WithStale keeps values in Redis for d past their TTL and serves them
 // (fail-safe): a value past its TTL is returned at once while one refresh
@@ -328,19 +328,19 @@ func WithEarlyRefresh(beta float64) Option { return func(c *config) { c.beta = b
 // as the database fails. A caller can tell a stale value through
 // [WithResultInfo] or [EventStaleServed]. Default: 0, off: a value past its
 // TTL is a miss. Negative d makes [New] panic.
-func WithStale(d time.Duration) Option { return func(c *config) { c.stale = d } }
+func WithStale(d time.Duration) Option { return func(cfg *config) { cfg.stale = d } }
 
 // WithStaleThrottle sets how long a stale value is served without retrying
 // its refresh after a refresh failed. Default: 5s ([DefaultStaleThrottle]).
 // At least 1ms.
-func WithStaleThrottle(d time.Duration) Option { return func(c *config) { c.throttle = d } }
+func WithStaleThrottle(d time.Duration) Option { return func(cfg *config) { cfg.throttle = d } }
 
 // WithSoftLoadTimeout makes a read that finds a stale value (see
 // [WithStale]) wait up to d for its refresh, returning the fresh value when
 // the database answers in time and the stale one otherwise, while the
 // refresh goes on in the background. Default: 0, the stale value is
 // returned at once.
-func WithSoftLoadTimeout(d time.Duration) Option { return func(c *config) { c.softTimeout = d } }
+func WithSoftLoadTimeout(d time.Duration) Option { return func(cfg *config) { cfg.softTimeout = d } }
 
 // WithLogger sets where the cache reports, once each, the first failure of
 // a Redis outage (naming the address and the cause), the end of that outage
@@ -350,7 +350,7 @@ func WithSoftLoadTimeout(d time.Duration) Option { return func(c *config) { c.so
 // each event once per logger, through the loggers of all of them. nil turns
 // it off. Default: [slog.Default] at the time of logging.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger, c.logOff = l, l == nil }
+	return func(cfg *config) { cfg.logger, cfg.logOff = l, l == nil }
 }
 
 // WithNearCache sets the byte budget of the near cache (keys, payloads and
@@ -403,7 +403,7 @@ func WithLogger(l *slog.Logger) Option {
 // UniversalClients the near cache is off. Requires Redis 6.0 or later
 // (CLIENT TRACKING, and TIME, PUBLISH and INFO in scripts).
 func WithNearCache(maxBytes int64) Option {
-	return func(c *config) { c.near.set, c.near.off, c.near.maxBytes = true, false, maxBytes }
+	return func(cfg *config) { cfg.near.set, cfg.near.off, cfg.near.maxBytes = true, false, maxBytes }
 }
 
 // WithoutNearCache turns the near cache off: every read goes to Redis, and
@@ -418,7 +418,7 @@ func WithNearCache(maxBytes int64) Option {
 // write. On a client the near cache does not support, writes wait for
 // nothing.
 func WithoutNearCache() Option {
-	return func(c *config) { c.near.set, c.near.off = false, true }
+	return func(cfg *config) { cfg.near.set, cfg.near.off = false, true }
 }
 
 // WithEventualNearCache keeps the near cache on but only eventually
@@ -438,9 +438,9 @@ func WithoutNearCache() Option {
 // strictly coherent (see [WithNearCache]). maxAge must be positive; the
 // byte budget stays [WithNearCache]'s.
 func WithEventualNearCache(maxAge time.Duration) Option {
-	return func(c *config) {
-		c.near.off, c.near.eventual = false, true
-		c.near.maxAge, c.near.maxAgeSet = maxAge, true
+	return func(cfg *config) {
+		cfg.near.off, cfg.near.eventual = false, true
+		cfg.near.maxAge, cfg.near.maxAgeSet = maxAge, true
 	}
 }
 
@@ -449,7 +449,7 @@ func WithEventualNearCache(maxAge time.Duration) Option {
 // served if an invalidation is lost without its connection noticing.
 // Default: 2s. It has no effect without the near cache.
 func WithNearMaxAge(d time.Duration) Option {
-	return func(c *config) { c.near.maxAge, c.near.maxAgeSet = d, true }
+	return func(cfg *config) { cfg.near.maxAge, cfg.near.maxAgeSet = d, true }
 }
 
 // WithNearLease sets the coherence lease of the near cache: how long a
@@ -459,7 +459,7 @@ func WithNearMaxAge(d time.Duration) Option {
 // Default: 1s. A Cache made WithoutNearCache uses it as the grace of a new
 // or lost registry when it confirms its writes.
 func WithNearLease(d time.Duration) Option {
-	return func(c *config) { c.near.lease, c.near.leaseSet = d, true }
+	return func(cfg *config) { cfg.near.lease, cfg.near.leaseSet = d, true }
 }
 
 // WithNearShared makes near-cache hits return the one decoded value kept in
@@ -468,7 +468,7 @@ func WithNearLease(d time.Duration) Option {
 // modifies a map, slice or pointer in it changes what every other caller
 // gets). It has no effect without the near cache.
 func WithNearShared() Option {
-	return func(c *config) { c.near.shared = true }
+	return func(cfg *config) { cfg.near.shared = true }
 }
 
 // WithObserver sends every [Event] to fn: hits, misses, loads, waits, lost
@@ -484,13 +484,13 @@ func WithNearShared() Option {
 // (its message says "observer panicked"), and the work goes on as if fn
 // had returned. The other observers still get the event.
 func WithObserver(fn func(Event)) Option {
-	return func(c *config) {
-		if prev := c.observer; prev != nil && fn != nil {
-			c.observer = func(e Event) { defer fn(e); prev(e) } // deferred: fn gets e even if prev panics
+	return func(cfg *config) {
+		if prev := cfg.observer; prev != nil && fn != nil {
+			cfg.observer = func(e Event) { defer fn(e); prev(e) } // deferred: fn gets e even if prev panics
 			return
 		}
 		if fn != nil {
-			c.observer = fn
+			cfg.observer = fn
 		}
 	}
 }
@@ -515,7 +515,7 @@ func WithObserver(fn func(Event)) Option {
 // wait for and opens no tracking connection, and its writes still wait for
 // the others' near caches. Default: off. It changes nothing for a client
 // that is not a cluster client.
-func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true } }
+func WithReplicaReads() Option { return func(cfg *config) { cfg.replicaReads = true } }
 
 // WithTags lets values carry tags ([Tags], [AddTags]) and makes
 // [Cache.DeleteByTag] and [Cache.Clear] work, with the promise of Delete: a
@@ -536,7 +536,7 @@ func WithReplicaReads() Option { return func(c *config) { c.replicaReads = true 
 // versions and the prefix's tag clock are kept 30 days past the last
 // DeleteByTag or Clear. [New] panics if the prefix's first '{' is closed at
 // once ("a{}b:"): no two keys beginning with it share a slot.
-func WithTags() Option { return func(c *config) { c.tags = true } }
+func WithTags() Option { return func(cfg *config) { cfg.tags = true } }
 
 // Per-call options: what one call changes for itself, leaving the
 // Cache's options as they are for every other call.

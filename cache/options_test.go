@@ -42,7 +42,7 @@ func TestNewPanicsOnInvalidOptions(t *testing.T) {
 		{WithFailurePolicy(7), "unknown policy"},
 		{WithCircuitBreaker(-1, time.Second), "WithCircuitBreaker(-1, 1s)"},
 		{WithCircuitBreaker(3, 0), "WithCircuitBreaker(3, 0s)"},
-		{func(c *config) { WithPrefix("a{}b:")(c); WithTags()(c) }, `WithTags with WithPrefix("a{}b:")`},
+		{func(cfg *config) { WithPrefix("a{}b:")(cfg); WithTags()(cfg) }, `WithTags with WithPrefix("a{}b:")`},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			defer func() {

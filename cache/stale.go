@@ -12,13 +12,13 @@ import (
 
 // freshnessPolicy is the Cache's early refresh and stale serving, which judge what
 // a read value's age calls for (see internal/freshness).
-func (c *config) freshnessPolicy() freshness.Policy {
-	return freshness.Policy{Beta: c.beta, Stale: c.stale}
+func (cfg *config) freshnessPolicy() freshness.Policy {
+	return freshness.Policy{Beta: cfg.beta, Stale: cfg.stale}
 }
 
 // withFreshness reports whether records carry freshness metadata: only
 // when something reads it.
-func (c *config) withFreshness() bool { return c.beta > 0 || c.stale > 0 || c.near.enabled() }
+func (cfg *config) withFreshness() bool { return cfg.beta > 0 || cfg.stale > 0 || cfg.near.enabled() }
 
 // ResultInfo tells a caller about the value [Cache.GetOrLoad] or [Cache.Get]
 // returned; see [WithResultInfo].
