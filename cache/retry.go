@@ -7,7 +7,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/stampede-go/stampede/internal/token"
+	"github.com/stampede-go/stampede/internal/clock"
 )
 
 // retryPolicy holds no state shared between calls; each wait counts its own
@@ -23,5 +23,5 @@ func (r retryPolicy) wait(ctx context.Context, attempt int) bool {
 	if attempt > r.max {
 		return false
 	}
-	return token.Sleep(ctx, r.backoff)
+	return clock.Sleep(ctx, r.backoff)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/rediserr"
 	"github.com/stampede-go/stampede/internal/token"
 )
@@ -139,7 +140,7 @@ func (l *Lock) obtain(ctx context.Context, retry RetryStrategy, try func(context
 		if d < 0 {
 			return fmt.Errorf("lock: retry strategy returned a negative wait (%v)", d)
 		}
-		if !token.Sleep(ctx, d) {
+		if !clock.Sleep(ctx, d) {
 			return notObtained(ctx, l.key, err)
 		}
 		ok, err = try(ctx, giveBack)
@@ -165,7 +166,7 @@ func (l *Lock) tryOne(ctx context.Context, giveBack bool) (bool, error) {
 		if giveBack && !rediserr.IsReply(err) {
 			l.releaseLater(ctx, l.masters[0])
 		}
-		if token.CtxEnded(ctx) {
+		if clock.Ended(ctx) {
 			return false, notObtained(ctx, l.key, nil)
 		}
 		return false, lockRedisErr(err)
