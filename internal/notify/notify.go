@@ -39,11 +39,11 @@ const idleAfter = 30 * time.Second
 // at most one backoff, never a hang. Safe for concurrent use.
 //
 // Each cache holds a Notifier of its own prefix (which names its channels,
-// see [Channel]) over the hub of its client: caches with other prefixes
+// see [Channel]) over the subscriber of its client: caches with other prefixes
 // subscribe other channels on the same subscriptions, and a message wakes
 // the waits for its key, whichever channel brought it.
 type Notifier struct {
-	*hub
+	*subscriber
 	prefix string
 }
 
@@ -54,10 +54,10 @@ func New(rdb redis.UniversalClient) *Notifier {
 	switch c := rdb.(type) {
 	case *redis.Client:
 		o := c.Options()
-		return &Notifier{hub: &hub{rdb: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}}
+		return &Notifier{subscriber: &subscriber{rdb: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}}
 	case *redis.ClusterClient:
 		o := c.Options()
-		return &Notifier{hub: &hub{rdb: c, cluster: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}}
+		return &Notifier{subscriber: &subscriber{rdb: c, cluster: c, timeout: subscribeTimeout(o.DialTimeout, o.WriteTimeout)}}
 	}
 	return nil
 }
@@ -68,7 +68,7 @@ func (n *Notifier) WithPrefix(p string) *Notifier {
 	if n == nil {
 		return nil
 	}
-	return &Notifier{hub: n.hub, prefix: p}
+	return &Notifier{subscriber: n.subscriber, prefix: p}
 }
 
 // Channel is what the scripts publish on for key; "" when nobody listens

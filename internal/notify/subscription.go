@@ -17,7 +17,7 @@ import (
 // closing the PubSub). Its fields other than h, addr, ps, sharded and wmu
 // are protected by h.mu.
 type subscription struct {
-	h       *hub
+	h       *subscriber
 	addr    string
 	ps      *redis.PubSub
 	sharded bool
@@ -122,7 +122,7 @@ func (s *subscription) loop() {
 // answer applies the server's answer to a subscribe: a confirmation of
 // channel, or an error reply (which names no channel: it answers the oldest
 // pending subscribe). It reports false if the subscription is done for.
-func (h *hub) answer(channel string, err error, s *subscription) bool {
+func (h *subscriber) answer(channel string, err error, s *subscription) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if s.dead {
@@ -159,7 +159,7 @@ func (h *hub) answer(channel string, err error, s *subscription) bool {
 }
 
 // dropped forgets a channel the server unsubscribed.
-func (h *hub) dropped(s *subscription, channel string) {
+func (h *subscriber) dropped(s *subscription, channel string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if cs := s.chans[channel]; cs != nil && cs.ok {
@@ -168,7 +168,7 @@ func (h *hub) dropped(s *subscription, channel string) {
 }
 
 // deliver wakes the waits for key.
-func (h *hub) deliver(s *subscription, key string) {
+func (h *subscriber) deliver(s *subscription, key string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if kw := s.keys[key]; kw != nil && !kw.fired {

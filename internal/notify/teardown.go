@@ -21,7 +21,7 @@ var errNoPong = errors.New("notify: pub/sub connection did not answer PING")
 // did not say so (a half-open TCP connection, replies lost on the way) also
 // causes: it sends a PING, at most one per RetryAfter, and a PING still
 // unanswered after RetryAfter breaks s, to be replaced.
-func (h *hub) probe(s *subscription) {
+func (h *subscriber) probe(s *subscription) {
 	now := time.Now()
 	h.mu.Lock()
 	if s.dead || !s.started || now.Sub(s.pingAt) < RetryAfter {
@@ -44,7 +44,7 @@ func (h *hub) probe(s *subscription) {
 
 // kill closes s, fails its pending subscribes with err and, if retry > 0
 // (a broken connection), lets waits on its master only poll for retry.
-func (h *hub) kill(s *subscription, err error, retry time.Duration) {
+func (h *subscriber) kill(s *subscription, err error, retry time.Duration) {
 	h.mu.Lock()
 	killed := h.killLocked(s, err, retry)
 	h.mu.Unlock()
@@ -56,7 +56,7 @@ func (h *hub) kill(s *subscription, err error, retry time.Duration) {
 // killLocked is kill without closing the PubSub, which the caller must do
 // (after unlocking: Close takes the PubSub's lock, which a subscribe holds
 // while it dials) if it reports true. Called with h.mu held.
-func (h *hub) killLocked(s *subscription, err error, retry time.Duration) bool {
+func (h *subscriber) killLocked(s *subscription, err error, retry time.Duration) bool {
 	if s.dead {
 		return false
 	}
@@ -88,7 +88,7 @@ func (h *hub) killLocked(s *subscription, err error, retry time.Duration) bool {
 
 // backOff lets waits on name (a master, or "#" and a channel) only poll for
 // RetryAfter. Called with h.mu held.
-func (h *hub) backOff(name string) {
+func (h *subscriber) backOff(name string) {
 	if h.notBefore == nil {
 		h.notBefore = map[string]time.Time{}
 	}
@@ -103,7 +103,7 @@ func (h *hub) backOff(name string) {
 
 // idleClose closes s if it had no wait since the idle timer of generation
 // gen was set.
-func (h *hub) idleClose(s *subscription, gen int) {
+func (h *subscriber) idleClose(s *subscription, gen int) {
 	h.mu.Lock()
 	killed := s.waits == 0 && s.idleGen == gen && h.killLocked(s, redis.ErrClosed, 0)
 	h.mu.Unlock()

@@ -91,7 +91,7 @@ func (n *Notifier) waitOn(ctx context.Context, key string, d time.Duration, t *t
 // creating it if needed. It returns a nil s when the wait must poll, fired
 // when a message for key arrived since the previous wait, and subscribe
 // when this wait must subscribe to channel ch (then cs is new).
-func (h *hub) enter(ctx context.Context, addr, key, ch string) (s *subscription, cs *channelSub, kw *keyWait, subscribe, fired bool) {
+func (h *subscriber) enter(ctx context.Context, addr, key, ch string) (s *subscription, cs *channelSub, kw *keyWait, subscribe, fired bool) {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -139,7 +139,7 @@ func (h *hub) enter(ctx context.Context, addr, key, ch string) (s *subscription,
 
 // leave ends a wait for key. A woken wait consumes the message; any other
 // keeps the entry for d, for a message that arrives before the next wait.
-func (h *hub) leave(s *subscription, key string, kw *keyWait, woken bool, d time.Duration) {
+func (h *subscriber) leave(s *subscription, key string, kw *keyWait, woken bool, d time.Duration) {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()

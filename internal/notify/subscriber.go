@@ -10,9 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// hub is the state of a client's subscriptions, shared by the Notifiers of
+// subscriber is the state of a client's subscriptions, shared by the Notifiers of
 // every prefix.
-type hub struct {
+type subscriber struct {
 	rdb     redis.UniversalClient // a *redis.Client or a *redis.ClusterClient
 	cluster *redis.ClusterClient  // rdb, when it is a cluster: one PubSub per master
 	plain   bool                  // SUBSCRIBE even where SSUBSCRIBE exists (tests)
@@ -28,7 +28,7 @@ type hub struct {
 
 // newSubscription replaces the subscription of master addr. No I/O: the
 // connection is made by the first subscribe. Called with h.mu held.
-func (h *hub) newSubscription(ctx context.Context, addr string) *subscription {
+func (h *subscriber) newSubscription(ctx context.Context, addr string) *subscription {
 	s := &subscription{
 		h:       h,
 		addr:    addr,
@@ -55,7 +55,7 @@ func (h *hub) newSubscription(ctx context.Context, addr string) *subscription {
 // otherwise kill the new subscription and leave the master polled for
 // RetryAfter. The wait goes on waiting on cs.ready, its timer and its ctx
 // as before. The goroutine ends with the subscribe; Close waits for it.
-func (h *hub) goSubscribe(s *subscription, cs *channelSub) {
+func (h *subscriber) goSubscribe(s *subscription, cs *channelSub) {
 	h.mu.Lock()
 	if h.closed {
 		cs.err = redis.ErrClosed
