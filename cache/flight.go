@@ -381,7 +381,7 @@ func (c *Cache[V]) decodeFor(key string, b []byte, at time.Time, current func(re
 		}
 		return &result[V]{err: err, at: at} // a broken codec: reloading would not help
 	}
-	r.fresh, _ = record.ReadFreshness(b)
+	r.freshness, _ = record.ReadFreshness(b)
 	r.throttled = b[1]&record.FlagThrottled != 0
 	r.expired = b[1]&record.FlagExpired != 0
 	r.head = b[:len(b)-len(payload)]

@@ -279,15 +279,15 @@ func (n *near[V]) get(c *Cache[V], key string, tags []string) (v V, ok bool) {
 // lands between a check and a store could otherwise leave an old value. The
 // entry is served only once the check passed.
 func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V]) {
-	if !tk.OK() || r.notFound != nil || r.data == nil || r.stale || r.throttled || r.fresh.Expiry.IsZero() {
+	if !tk.OK() || r.notFound != nil || r.data == nil || r.stale || r.throttled || r.freshness.Expiry.IsZero() {
 		return
 	}
 	// (Never a replica's copy, which may be older than invalidations this
 	// process has already seen, from masters: kept, it would outlive the
 	// replica's lag. Such a Cache has no near cache: see newNear.)
-	left := time.Until(r.fresh.Expiry) // a wall-clock expiry, as Redis's own
+	left := time.Until(r.freshness.Expiry) // a wall-clock expiry, as Redis's own
 	if c.cfg.beta > 0 {
-		left -= freshness.Lead(c.cfg.beta, r.fresh, r.head)
+		left -= freshness.Lead(c.cfg.beta, r.freshness, r.head)
 	}
 	left = min(left, n.maxAge)
 	if left <= 0 {

@@ -420,7 +420,7 @@ func TestNearCacheStaysWithinItsBudget(t *testing.T) {
 		tk := c.near.track.Ticket(key)
 		require.True(t, tk.OK())
 		for range 2 { // twice: a key seen once may be refused by the admission filter
-			c.near.keep(c, key, tk, &result[product]{data: payload, hasV: true, fresh: fresh})
+			c.near.keep(c, key, tk, &result[product]{data: payload, hasV: true, freshness: fresh})
 		}
 	}
 	c.near.store.CleanUp()

@@ -133,7 +133,7 @@ func (c *Cache[V]) judge(key string, r *result[V], o callOptions, loads bool) ve
 		head = nil
 	}
 	due := false
-	switch c.cfg.freshnessPolicy().Of(r.fresh, r.throttled, r.at, head) { // r.at is a moment ago: no clock read on a hit
+	switch c.cfg.freshnessPolicy().Of(r.freshness, r.throttled, r.at, head) { // r.at is a moment ago: no clock read on a hit
 	case freshness.Fresh:
 	case freshness.Refresh:
 		due = loads
@@ -146,7 +146,7 @@ func (c *Cache[V]) judge(key string, r *result[V], o callOptions, loads bool) ve
 		case !loads:
 			c.cfg.emit(EventStaleServed, key, 0, nil)
 			return verdict[V]{hit: r}
-		case r.throttled && r.at.Before(r.fresh.Expiry): // its refresh failed: retried once the throttle ends
+		case r.throttled && r.at.Before(r.freshness.Expiry): // its refresh failed: retried once the throttle ends
 			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
 			return verdict[V]{hit: r}
 		}
@@ -192,7 +192,7 @@ func holdsTags(has, tags []string) bool {
 func (v verdict[V]) loadKey(key, name string, lk *loadLock, at time.Time) loadKey {
 	k := loadKey{key: key, name: name, lk: lk, locked: at}
 	if p := v.prior; p != nil {
-		k.prior, k.kept = p.stamp, p.fresh.TTL
+		k.prior, k.kept = p.stamp, p.freshness.TTL
 		if v.fallback {
 			k.fallback = p.data
 		}

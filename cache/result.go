@@ -18,7 +18,7 @@ type result[V any] struct {
 	v         V                // on a hit, data already decoded once...
 	hasV      bool             // ...for the first caller to take
 	taken     atomic.Bool      // whether v has been handed out
-	fresh     record.Freshness // what the record says of its age (zero: nothing)
+	freshness record.Freshness // what the record says of its age (zero: nothing)
 	head      []byte           // the record up to the payload: which write it is
 	throttled bool             // a stale value kept after a failed refresh
 	expired   bool             // expired by hand (Expire): reloaded, kept as the fallback
