@@ -55,7 +55,8 @@ const (
 	// [WithNearCache]), with no Redis call.
 	EventNearHit
 	// EventNearInvalidation: a write of the key, here or in any process,
-	// dropped it from the near cache.
+	// dropped it from the near cache; for a [Cache.Clear], which empties
+	// it, Key is the Clear's version key.
 	EventNearInvalidation
 	// EventNearEviction: the near cache's byte budget pushed the key out.
 	EventNearEviction

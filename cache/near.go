@@ -226,7 +226,11 @@ func newNear[V any](c *Cache[V]) *near[V] {
 				tags.Forget()
 				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
 					n.store.InvalidateAll()
-					cfg.emit(EventNearDrop, "", 0, nil)
+					if key != "" { // a Clear: a write, not invalidations that could have been missed
+						cfg.emit(EventNearInvalidation, key, 0, nil)
+					} else {
+						cfg.emit(EventNearDrop, "", 0, nil)
+					}
 				}
 				return
 			}

@@ -526,6 +526,7 @@ func TestNearEventsCarryTheFullKey(t *testing.T) {
 	defer mu.Unlock()
 	require.NotEmpty(t, keys[EventNearHit], "near hits")
 	require.NotEmpty(t, keys[EventNearEviction], "evictions")
+	assert.GreaterOrEqual(t, c.Stats().NearEvictions, int64(len(keys[EventNearEviction])), "Stats counts the evictions the observer saw (counted before observed)")
 	for _, kind := range []EventKind{EventNearHit, EventNearEviction, EventMiss, EventLoad} {
 		for _, k := range keys[kind] {
 			assert.True(t, strings.HasPrefix(k, p), "%v Key = %q; want the full key, under %q", kind, k, p)

@@ -33,6 +33,9 @@ type Stats struct {
 	// UncachedLoads counts keys loaded under FailOpen while Redis could not
 	// serve them (EventUncachedLoad).
 	UncachedLoads int64
+	// NearEvictions counts values the near cache's byte budget pushed out
+	// (EventNearEviction).
+	NearEvictions int64
 	BreakerOpen   bool  // the circuit breaker keeps calls off Redis now
 	NearEntries   int64 // values in the near cache now (an estimate)
 	NearBytes     int64 // their weight against the near cache's budget (updated in batches)
@@ -64,6 +67,6 @@ func (s *counters) snapshot() Stats {
 		StaleServed: s.Sum(int(EventStaleServed)), Refreshes: s.Sum(int(EventRefresh)),
 		LeaseWaits: s.Sum(int(EventNearLeaseWait)), LoadsVoided: s.Sum(int(EventLoadVoided)),
 		DecodeErrors: s.Sum(int(EventDecodeError)), EncodeErrors: s.Sum(int(EventEncodeError)),
-		UncachedLoads: s.Sum(int(EventUncachedLoad)),
+		UncachedLoads: s.Sum(int(EventUncachedLoad)), NearEvictions: s.Sum(int(EventNearEviction)),
 	}
 }

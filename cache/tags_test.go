@@ -689,3 +689,18 @@ func TestTagsOutageKeepsOffRedis(t *testing.T) {
 	require.True(t, errors.Is(err, ErrCircuitOpen), "Set: %v", err)
 	assert.Equal(t, d0, dials.Load(), "no dial for a Set either")
 }
+
+// Clear empties the near caches as a write, reported as EventNearInvalidation;
+// EventNearDrop stays the sign that invalidations could have been missed,
+// which an alert can watch.
+func TestClearIsNoNearDrop(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t)
+	c, _, ev := newNearCache(t, p, WithTags())
+	require.True(t, eventually(func() bool { return fillNear(t, c, "k") }), "a value never reached memory")
+	drops, invalidations := ev.get(EventNearDrop), ev.get(EventNearInvalidation)
+	require.NoError(t, c.Clear(t.Context()))
+	assert.False(t, nearHas(c, "k"), "Clear left the value in memory")
+	assert.True(t, eventually(func() bool { return ev.get(EventNearInvalidation) > invalidations }), "Clear was not reported as an invalidation")
+	assert.Equal(t, drops, ev.get(EventNearDrop), "Clear was reported as a drop: invalidations that could have been missed")
+}
