@@ -86,6 +86,11 @@ const (
 	// EventUncachedLoad: under [FailOpen], a key Redis could not serve was
 	// loaded and returned without being stored.
 	EventUncachedLoad
+	// EventWrite: a write of Redis ended: the Redis side of a Set, Delete,
+	// Expire, DeleteByTag or Clear with its confirmation by the near caches
+	// of every process. Key: the (first) key written; Duration: how long
+	// both took; Err: the write's error.
+	EventWrite
 )
 
 var eventNames = [...]string{
@@ -95,7 +100,7 @@ var eventNames = [...]string{
 	EventBreakerClose: "breaker_close", EventNearHit: "near_hit", EventNearInvalidation: "near_invalidation",
 	EventNearEviction: "near_eviction", EventNearDrop: "near_drop", EventDecodeError: "decode_error",
 	EventNearLeaseWait: "near_lease_wait", EventLoadVoided: "load_voided", EventEncodeError: "encode_error",
-	EventUncachedLoad: "uncached_load",
+	EventUncachedLoad: "uncached_load", EventWrite: "write",
 }
 
 // String returns the kind's snake_case name, for metric and log labels.

@@ -36,13 +36,16 @@ type Stats struct {
 	// NearEvictions counts values the near cache's byte budget pushed out
 	// (EventNearEviction).
 	NearEvictions int64
-	BreakerOpen   bool  // the circuit breaker keeps calls off Redis now
-	NearEntries   int64 // values in the near cache now (an estimate)
-	NearBytes     int64 // their weight against the near cache's budget (updated in batches)
+	// Writes counts writes of Redis with their confirmation (EventWrite):
+	// Set, Delete, Expire, DeleteByTag, Clear.
+	Writes      int64
+	BreakerOpen bool  // the circuit breaker keeps calls off Redis now
+	NearEntries int64 // values in the near cache now (an estimate)
+	NearBytes   int64 // their weight against the near cache's budget (updated in batches)
 }
 
 const (
-	eventKinds = int(EventUncachedLoad) + 1
+	eventKinds = int(EventWrite) + 1
 	loadErrors = eventKinds // the counter after the kinds'
 )
 
@@ -68,5 +71,6 @@ func (s *counters) snapshot() Stats {
 		LeaseWaits: s.Sum(int(EventNearLeaseWait)), LoadsVoided: s.Sum(int(EventLoadVoided)),
 		DecodeErrors: s.Sum(int(EventDecodeError)), EncodeErrors: s.Sum(int(EventEncodeError)),
 		UncachedLoads: s.Sum(int(EventUncachedLoad)), NearEvictions: s.Sum(int(EventNearEviction)),
+		Writes: s.Sum(int(EventWrite)),
 	}
 }

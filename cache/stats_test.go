@@ -6,6 +6,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,4 +126,30 @@ func TestStatsCountDecodeErrors(t *testing.T) {
 	require.ErrorIs(t, err, ErrCacheMiss)
 	assert.Equal(t, int64(1), products.Stats().DecodeErrors)
 	assert.Zero(t, words.Stats().DecodeErrors)
+}
+
+// Every write is counted and timed, its confirmation included, so a
+// dashboard sees what writes cost: one EventWrite per Set, Delete, Expire.
+func TestStatsCountWrites(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t)
+	var took []time.Duration
+	var mu sync.Mutex
+	c, _, _ := newNearCache(t, p, WithStale(time.Minute), WithObserver(func(e Event) {
+		if e.Kind == EventWrite {
+			mu.Lock()
+			took = append(took, e.Duration)
+			mu.Unlock()
+		}
+	}))
+	require.NoError(t, c.Set(t.Context(), "k", product{ID: "k"}))
+	require.NoError(t, c.Expire(t.Context(), "k"))
+	require.NoError(t, c.Delete(t.Context(), "k"))
+	assert.Equal(t, int64(3), c.Stats().Writes)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, took, 3)
+	for i, d := range took {
+		assert.Positive(t, d, "write %d has no duration", i)
+	}
 }

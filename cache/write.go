@@ -144,11 +144,12 @@ func delCmds(ctx context.Context, p redis.Pipeliner, keys []string) {
 // the one pipe runs by hash (nil: none): a server that lost it (SCRIPT
 // FLUSH, a restart) answers NOSCRIPT and ran nothing, so it is loaded and
 // the write sent again, once.
-func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, script *redis.Script, pipe func(redis.Pipeliner), direct func() error) error {
+func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, script *redis.Script, pipe func(redis.Pipeliner), direct func() error) (err error) {
+	began := time.Now()
+	defer func() { c.cfg.emit(EventWrite, keys[0], time.Since(began), err) }()
 	loaded := script == nil
 	for attempt := 1; ; attempt++ {
 		var wait func() error
-		var err error
 		if t := c.writeTracker(); t != nil {
 			wait, err = t.Write(ctx, pipe, direct)
 		} else {

@@ -41,6 +41,7 @@
 //	cache.load.duration       histogram  s             cache.outcome = ok | not_found | error
 //	cache.wait.duration       histogram  s             cache.outcome = ok | error
 //	cache.refresh.duration    histogram  s             cache.outcome = ok | not_found | error
+//	cache.write.duration      histogram  s             cache.outcome = ok | error (a write with its near caches' confirmation)
 //
 // The histograms' default buckets ([Buckets]) span 1 ms to 30 s; a View in
 // the MeterProvider can change them.

@@ -65,4 +65,5 @@ func ExampleObserver() {
 	// cache.lookups{hit} 2
 	// cache.lookups{miss} 1
 	// cache.load.duration{ok} count 1
+	// cache.write.duration{ok} count 1
 }

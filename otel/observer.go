@@ -102,6 +102,7 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 		loadTime:    histogram("cache.load.duration", "Duration of the loader's calls, by outcome."),
 		waitTime:    histogram("cache.wait.duration", "Duration of waits for another holder's load, by outcome."),
 		refreshTime: histogram("cache.refresh.duration", "Duration of background refreshes, by outcome."),
+		writeTime:   histogram("cache.write.duration", "Duration of writes (Set, Delete, Expire, DeleteByTag, Clear) with their confirmation by every process's near cache, by outcome."),
 	}
 
 	// The last of equal keys wins in a set: the package's own come last.
@@ -135,7 +136,7 @@ type observer struct {
 	nearHits, nearRemoved, nearDrops, nearLeaseWaits, decodeErrors                       metric.Int64Counter
 	encodeErrors, uncachedLoads                                                          metric.Int64Counter
 	breakerOpenNow                                                                       metric.Int64UpDownCounter
-	loadTime, waitTime, refreshTime                                                      metric.Float64Histogram
+	loadTime, waitTime, refreshTime, writeTime                                           metric.Float64Histogram
 
 	plain, hit, miss, staleRefreshing, staleError, breakerOpen, breakerClosed []metric.AddOption
 	nearInvalidated, nearEvicted                                              []metric.AddOption
@@ -185,6 +186,8 @@ func (o *observer) observe(e cache.Event) {
 		o.encodeErrors.Add(ctx, 1, o.plain...)
 	case cache.EventUncachedLoad:
 		o.uncachedLoads.Add(ctx, 1, o.plain...)
+	case cache.EventWrite:
+		o.writeTime.Record(ctx, e.Duration.Seconds(), o.outcome[outcomeOf(e.Err)]...)
 	case cache.EventNearHit:
 		o.nearHits.Add(ctx, 1, o.plain...)
 	case cache.EventNearInvalidation:

@@ -290,6 +290,7 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventStaleServed}, "cache.stale.served", []attribute.KeyValue{cacheotel.KeyStaleReason.String("refreshing")}},
 		{cache.Event{Kind: cache.EventStaleServed, Err: failed}, "cache.stale.served", []attribute.KeyValue{cacheotel.KeyStaleReason.String("error")}},
 		{cache.Event{Kind: cache.EventRefresh, Duration: time.Second}, "cache.refresh.duration", []attribute.KeyValue{outcome("ok")}},
+		{cache.Event{Kind: cache.EventWrite, Duration: time.Second}, "cache.write.duration", []attribute.KeyValue{outcome("ok")}},
 		{cache.Event{Kind: cache.EventRefresh, Duration: time.Second, Err: failed}, "cache.refresh.duration", []attribute.KeyValue{outcome("error")}},
 		{cache.Event{Kind: cache.EventRefresh, Duration: time.Second, Err: fmt.Errorf("wrapped: %w", cache.ErrNotFound)}, "cache.refresh.duration", []attribute.KeyValue{outcome("not_found")}},
 		{cache.Event{Kind: cache.EventRedisError, Err: failed}, "cache.redis.errors", nil},
