@@ -21,6 +21,7 @@ import (
 	"github.com/stampede-go/stampede/internal/clock"
 	"github.com/stampede-go/stampede/internal/coherence"
 	"github.com/stampede-go/stampede/internal/freshness"
+	"github.com/stampede-go/stampede/internal/tags"
 )
 
 // nearEntryOverhead is what an entry costs besides its key and payload: the
@@ -197,7 +198,6 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		OnDeletion: func(e otter.DeletionEvent[string, *nearEntry[V]]) {
 			if e.Cause == otter.CauseOverflow {
 				cfg.emit(EventNearEviction, cfg.prefix+e.Key, 0, nil) // the store's keys are the callers'
-
 			}
 			if len(e.Value.deps) > 0 {
 				n.unindex(e.Key, e.Value)
@@ -212,36 +212,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		track = hub.NewEventual
 	}
 	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
-		OnDrop: func(key string, all bool) {
-			if all && key != "" { // a version: Forget dropped it from memory
-				switch everything, tagged := tags.Depends(key); {
-				case tagged: // a DeleteByTag: the values with the tag
-					n.dropTagged(&cfg, key)
-					return
-				case !everything: // the clock: no value depends on it
-					return
-				}
-			}
-			if all {
-				tags.Forget()
-				if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
-					n.store.InvalidateAll()
-					if key != "" { // a Clear: a write, not invalidations that could have been missed
-						cfg.emit(EventNearInvalidation, key, 0, nil)
-					} else {
-						cfg.emit(EventNearDrop, "", 0, nil)
-					}
-				}
-				return
-			}
-			local, ok := strings.CutPrefix(key, n.prefix)
-			if !ok {
-				return // another program's key (a cache without a prefix tracks all)
-			}
-			if _, ok := n.store.Invalidate(local); ok {
-				cfg.emit(EventNearInvalidation, key, 0, nil)
-			}
-		},
+		OnDrop: func(key string, all bool) { n.drop(&cfg, tags, key, all) },
 		OnLapse: func(holder string) {
 			cfg.emit(EventNearLeaseWait, holder, 0, nil)
 		},
@@ -328,6 +299,40 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		}
 		return old, otter.CancelOp
 	})
+}
+
+// drop is the tracker's OnDrop: key (the Redis key, prefix included) was
+// written, or with all, memory may hold what a version key or everything
+// made current (key "": invalidations could have been missed).
+func (n *near[V]) drop(cfg *config, versions *tags.Versions, key string, all bool) {
+	if all && key != "" { // a version: Forget dropped it from memory
+		switch everything, tagged := versions.Depends(key); {
+		case tagged: // a DeleteByTag: the values with the tag
+			n.dropTagged(cfg, key)
+			return
+		case !everything: // the clock: no value depends on it
+			return
+		}
+	}
+	if all {
+		versions.Forget()
+		if n.store.EstimatedSize() > 0 { // not the drops of an empty cache (at start, say)
+			n.store.InvalidateAll()
+			if key != "" { // a Clear: a write, not invalidations that could have been missed
+				cfg.emit(EventNearInvalidation, key, 0, nil)
+			} else {
+				cfg.emit(EventNearDrop, "", 0, nil)
+			}
+		}
+		return
+	}
+	local, ok := strings.CutPrefix(key, n.prefix)
+	if !ok {
+		return // another program's key (a cache without a prefix tracks all)
+	}
+	if _, ok := n.store.Invalidate(local); ok {
+		cfg.emit(EventNearInvalidation, key, 0, nil)
+	}
 }
 
 // storeTagged stores e, which carries tags, at local, and indexes it.
