@@ -312,7 +312,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 		cmds[i] = redis.NewStringCmd(ctx, "get", k)
 		sent[i] = cmds[i]
 	}
-	c.redisio.Pipeline(ctx, b.keys, sent)
+	tracked := c.redisio.Reads(ctx, b.keys, sent)
 	errs := errsOf(cmds)
 	classes := c.round(b.keys, errs)
 	hits := make([]*result[V], len(b.keys))
@@ -325,7 +325,7 @@ func (b *batch[V]) read(ctx context.Context) (misses []string, skip map[string][
 	current := c.tags.CurrentAll(ctx, raws)
 	for i, k := range b.keys {
 		if raws[i] != nil {
-			hits[i] = b.hit(k, c.decodeFor(k, raws[i], at, current))
+			hits[i] = b.hit(k, markTracked(c.decodeFor(k, raws[i], at, current), tracked[i]))
 		}
 	}
 	refreshed := b.refresh(ctx)

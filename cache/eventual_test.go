@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/coherence"
+	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -184,11 +185,9 @@ func TestEventualNearCacheMaxAgeBoundsStaleness(t *testing.T) {
 	var frozen atomic.Bool
 	r, _, _ := freezableNearCache(t, p, &frozen, WithEventualNearCache(maxAge))
 	w, _ := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(maxAge))
-	tk := r.near.track.Ticket(p + "k")
+	// r has not read k: tracked per key, it is told of no write before it
+	// does, so no late invalidation can drop "old" from memory below.
 	require.NoError(t, w.Set(t.Context(), "k", product{ID: "old"}))
-	// That Set's own invalidation must have landed before the warm-up: late,
-	// it would drop "old" from memory and no read below would be old.
-	require.True(t, eventually(func() bool { return r.near.track.Invalidated(tk) }), "the first Set's invalidation never came")
 	warmNear(t, r, "k", "old")
 	frozen.Store(true)
 	require.NoError(t, w.Set(t.Context(), "k", product{ID: "new"}))
@@ -221,4 +220,46 @@ func TestWithEventualNearCacheOptions(t *testing.T) {
 	assert.Equal(t, time.Second, c.near.maxAge)
 	c = newConfig(nil)
 	assert.False(t, c.near.eventual, "strict is the default")
+}
+
+// TestPerKeyNearCacheServesTheNextWriteAfterItsOwnLoad: an eventual near
+// cache is told only of writes of keys it read through its tracked reader.
+// The process that loaded and wrote a value keeps nothing (its own write
+// voided the read, tracked even as a miss) and serves another process's
+// next write at once; what it then reads through its reader it keeps.
+func TestPerKeyNearCacheServesTheNextWriteAfterItsOwnLoad(t *testing.T) {
+	admin, p := setup(t)
+	agedRegistry(t, admin, p)
+	r, _ := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(time.Hour))
+	w := New[product](redistest.Client(t, redistest.Addr(t)), WithPrefix(p), WithoutNearCache())
+	t.Cleanup(func() { w.Close() })
+	require.True(t, r.near.perKey, "an eventual near cache on a single server tracks per key")
+	v, err := r.GetOrLoad(t.Context(), "k", func(context.Context) (product, error) { return product{ID: "loaded"}, nil })
+	require.NoError(t, err)
+	require.Equal(t, "loaded", v.ID)
+	assert.False(t, nearHas(r, "k"), "a value the process loaded was kept, though Redis tracks no read of it")
+	require.NoError(t, w.Set(t.Context(), "k", product{ID: "written"}))
+	v, err = r.GetOrLoad(t.Context(), "k", func(context.Context) (product, error) { return product{ID: "reloaded"}, nil })
+	require.NoError(t, err)
+	assert.Equal(t, "written", v.ID, "the loading process served its own value after another's write")
+	warmNear(t, r, "k", "written") // read through the reader: kept
+}
+
+// TestPerKeyNearCacheRefusesRepliesItsReaderDidNotRead: a reply read where
+// Redis does not report the key's writes to this process (the user's
+// client, when the reader failed on the wire) is never kept, however valid
+// its ticket: nothing would drop it before the max age.
+func TestPerKeyNearCacheRefusesRepliesItsReaderDidNotRead(t *testing.T) {
+	admin, p := setup(t)
+	agedRegistry(t, admin, p)
+	r, _ := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(time.Hour))
+	data, err := r.cfg.codec.Marshal(product{ID: "v"})
+	require.NoError(t, err)
+	reply := func(tracked bool) *result[product] {
+		return &result[product]{data: data, freshness: record.Freshness{Expiry: time.Now().Add(time.Minute)}, tracked: tracked}
+	}
+	r.near.keep(r, p+"k", r.nearTicket(p+"k"), reply(false))
+	assert.False(t, nearHas(r, "k"), "a reply the reader did not read was kept")
+	r.near.keep(r, p+"k", r.nearTicket(p+"k"), reply(true))
+	assert.True(t, nearHas(r, "k"), "a reply the reader read was not kept")
 }

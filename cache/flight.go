@@ -216,7 +216,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	if !c.brk.Allow() {
 		return c.redisFailed(ctx, key, c.brk.Err(), load, o)
 	}
-	b, current, err := c.read(ctx, key)
+	b, current, tracked, err := c.read(ctx, key)
 	var miss verdict[V] // what the miss path reloads
 	var skip []byte     // bytes at key we could not decode, or must reload: a miss, to be replaced
 	switch c.readReply(key, err) {
@@ -225,7 +225,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 		if o.force { // what is there now is to be replaced; a value committed after it is not
 			break
 		}
-		miss = c.judge(key, c.decodeFor(key, b, at, current), o, true)
+		miss = c.judge(key, markTracked(c.decodeFor(key, b, at, current), tracked), o, true)
 		if r := c.answerVerdict(ctx, key, load, o, miss); r != nil {
 			return r, nil
 		}

@@ -156,6 +156,7 @@ type near[V any] struct {
 	store  *otter.Cache[string, *nearEntry[V]] // by the caller's key: no prefix to add on a hit
 	prefix string
 	track  *coherence.Tracker
+	perKey bool // Redis reports only the writes of keys read through the tracked readers: keep only those
 	shared bool // hand out e.v itself
 	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
@@ -208,7 +209,13 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	tags := c.tags
 	hub := c.share.res.nearHub() // one tracking connection per master for every Cache on the client
 	track := hub.New
-	if cfg.near.eventual {
+	switch {
+	case cfg.near.eventual && perKeySupported(c.rdb):
+		n.perKey = true
+		track = func(prefix string, lease time.Duration, hooks coherence.Hooks) *coherence.Tracker {
+			return hub.NewPerKey(prefix, tags.Base(), lease, hooks)
+		}
+	case cfg.near.eventual:
 		track = hub.NewEventual
 	}
 	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
@@ -222,6 +229,9 @@ func newNear[V any](c *Cache[V]) *near[V] {
 		Global:    tags.Global,
 		Forget:    tags.ForgetKey,
 	})
+	if n.perKey {
+		c.redisio.TrackReads(n.track.ReadVia)
+	}
 	return n
 }
 
@@ -254,7 +264,7 @@ func (n *near[V]) get(c *Cache[V], key string, tags []string) (v V, ok bool) {
 // lands between a check and a store could otherwise leave an old value. The
 // entry is served only once the check passed.
 func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V]) {
-	if !tk.OK() || r.notFound != nil || r.data == nil || r.stale || r.throttled || r.freshness.Expiry.IsZero() {
+	if !tk.OK() || r.notFound != nil || r.data == nil || r.stale || r.throttled || r.freshness.Expiry.IsZero() || n.perKey && !r.tracked {
 		return
 	}
 	// (Never a replica's copy, which may be older than invalidations this
@@ -407,6 +417,18 @@ func (n *near[V]) close() {
 func nearSupported(rdb redis.UniversalClient) bool {
 	switch rdb.(type) {
 	case *redis.Client, *redis.ClusterClient, *redis.Ring:
+		return true
+	}
+	return false
+}
+
+// perKeySupported reports whether an eventual near cache on rdb can track
+// per key: its reads go to nodes whose tracked readers the hub keeps (a
+// server or a cluster's masters). A Ring routes reads itself: it tracks by
+// prefix.
+func perKeySupported(rdb redis.UniversalClient) bool {
+	switch rdb.(type) {
+	case *redis.Client, *redis.ClusterClient:
 		return true
 	}
 	return false

@@ -31,7 +31,7 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	}
 	tk := c.nearTicket(key)
 	at := time.Now()
-	b, current, err := c.read(ctx, key)
+	b, current, tracked, err := c.read(ctx, key)
 	switch c.redisCall(key, err) {
 	case errNone:
 	default:
@@ -41,7 +41,7 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	// miss (see Stats); judge reports the first two.
 	var r *result[V]
 	if !errors.Is(err, redis.Nil) {
-		r = c.judge(key, c.decodeFor(key, b, at, current), o, false).hit
+		r = c.judge(key, markTracked(c.decodeFor(key, b, at, current), tracked), o, false).hit
 	}
 	switch {
 	case r == nil:

@@ -24,6 +24,7 @@ type result[V any] struct {
 	expired   bool             // expired by hand (Expire): reloaded, kept as the fallback
 	stamp     *record.Stamp    // the record's tags and tag clock (nil: none)
 	stale     bool             // served past its TTL
+	tracked   bool             // read where Redis reports its key's next write to this process (see near.keep)
 	unencoded bool             // the codec could not encode v: not stored, and every caller gets v itself
 	// at is when the Redis call that vouches for this result was sent: the
 	// read that found it, the commit that stored it, or for a load whose lock
@@ -31,4 +32,13 @@ type result[V any] struct {
 	// have begun after a Delete in another process removed it, so it asks
 	// again rather than take it.
 	at time.Time
+}
+
+// markTracked notes whether r was read where Redis reports its key's next
+// write to this process; it returns r.
+func markTracked[V any](r *result[V], tracked bool) *result[V] {
+	if r != nil {
+		r.tracked = tracked
+	}
+	return r
 }

@@ -138,12 +138,16 @@ func (c *Cache[V]) stampRead(_ string, b []byte, current func(record.Stamp) (boo
 // Cache with tags whose versions are not in memory reads, on a single
 // server, those its record needed last time in the same MGET (see
 // tags.Versions.Guess): one round trip, coalesced with other reads.
-func (c *Cache[V]) read(ctx context.Context, key string) ([]byte, func(record.Stamp) (bool, error), error) {
+//
+// tracked says whether Redis reports the key's next write to this process
+// (see redisio.Client.TrackReads), which a per-key near cache needs to keep
+// the value.
+func (c *Cache[V]) read(ctx context.Context, key string) (b []byte, current func(record.Stamp) (bool, error), tracked bool, err error) {
 	if c.tags.OneTrip() {
 		tags, keys := c.tags.Guess(key)
-		b, vals, err := c.redisio.GetWith(ctx, key, keys)
-		return b, c.tags.With(ctx, key, tags, keys, vals), err
+		rep := c.redisio.Read(ctx, key, keys)
+		return rep.Val, c.tags.With(ctx, key, tags, keys, rep.Extra), rep.Tracked, rep.Err
 	}
-	b, err := c.redisio.Get(ctx, key)
-	return b, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) }, err
+	rep := c.redisio.Read(ctx, key, nil)
+	return rep.Val, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) }, rep.Tracked, rep.Err
 }

@@ -178,3 +178,70 @@ func round(v string) int {
 	}
 	return n
 }
+
+// TestClusterPerKeyNearCacheAcrossMastersAndMigration: an eventual near
+// cache on a 3-master cluster tracks per key, through a reader per master.
+// With a max age of an hour, only invalidations can replace what memory
+// holds: every write, on every master, and after a slot moved to another
+// master, reaches the reader's memory within moments. (Redis reports a
+// migrating key's removal from its old master to the processes that read
+// it there; the next read, from the new master, is tracked there.)
+func TestClusterPerKeyNearCacheAcrossMastersAndMigration(t *testing.T) {
+	t.Parallel()
+	const masters = 3
+	cl := startCluster(t, masters)
+	ctx := context.Background()
+	p := "perkey" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	tag := "{" + p + "mig}"
+	keys := keysOnEveryMaster(p, masters, 3)
+	for i := range 4 { // keys of one slot, which migrates
+		keys = append(keys, tag+strconv.Itoa(i))
+	}
+	var nearHits atomic.Int64
+	reader := cache.New[string](cl.client(t), cache.WithPrefix(p), cache.WithEventualNearCache(time.Hour),
+		cache.WithObserver(func(e cache.Event) {
+			if e.Kind == cache.EventNearHit {
+				nearHits.Add(1)
+			}
+		}))
+	t.Cleanup(func() { reader.Close() })
+	writer := cache.New[string](cl.client(t), cache.WithPrefix(p), cache.WithoutNearCache())
+	t.Cleanup(func() { writer.Close() })
+
+	// Each round: every key written, read until memory serves it, written
+	// again; the reader must see the new value although memory held the old.
+	check := func(round int) {
+		t.Helper()
+		old, next := "v"+strconv.Itoa(2*round), "v"+strconv.Itoa(2*round+1)
+		for _, k := range keys {
+			if err := writer.Set(ctx, k, old); err != nil {
+				t.Fatalf("Set(%q): %v", k, err)
+			}
+		}
+		for _, k := range keys {
+			eventually(t, 10*time.Second, "memory serves "+k, func() bool {
+				before := nearHits.Load()
+				v, err := reader.Get(ctx, k)
+				return err == nil && v == old && nearHits.Load() > before
+			})
+		}
+		for _, k := range keys {
+			if err := writer.Set(ctx, k, next); err != nil {
+				t.Fatalf("Set(%q): %v", k, err)
+			}
+		}
+		for _, k := range keys {
+			eventually(t, 5*time.Second, "the write of "+k+" reaches the reader's memory", func() bool {
+				v, err := reader.Get(ctx, k)
+				return err == nil && v == next
+			})
+		}
+	}
+	check(0)
+	s := slot(tag)
+	from := cl.owner(s, masters)
+	cl.moveSlot(t, s, from, (from+1)%masters, masters)
+	check(1)
+	check(2)
+	t.Logf("figures: %d keys on %d masters, slot %d moved; %d near hits", len(keys), masters, s, nearHits.Load())
+}

@@ -33,6 +33,8 @@ type node struct {
 	pingSeq   uint64        // the last lease PING sent
 	pong      atomic.Uint64 // the last lease PING answered
 	stopped   chan struct{}
+	base      *redis.Options         // the node's options, as the user's client has them
+	reader    atomic.Pointer[reader] // per-key reads: tracked, redirected to this connection
 }
 
 // trackedPrefixes are the prefixes the current connection tracks (nil: none
@@ -47,7 +49,11 @@ func (n *node) trackedPrefixes() []string {
 // serves reports whether n delivers everything t needs: its invalidations
 // and its channels, confirmed since the last loss. Hub.mu is held.
 func (n *node) serves(t *Tracker) bool {
-	return n.subbed.Load() && n.confirmed[t.markCh] && n.confirmed[t.ackCh] && covered(t.prefix, n.trackedPrefixes())
+	if !n.subbed.Load() || !n.confirmed[t.markCh] || !n.confirmed[t.ackCh] || !covered(t.broadcast(), n.trackedPrefixes()) {
+		return false
+	}
+	r := n.reader.Load()
+	return !t.perKey || r != nil && r.sub == n.id.Load()
 }
 
 // ownChannels are what t needs subscribed on every connection: the markers
@@ -60,7 +66,7 @@ func (t *Tracker) ownChannels() []string { return []string{t.markCh, t.ackCh} }
 // confirmed, and the receive loop treats every loss as a drop of memory.
 // h.mu is held.
 func (h *Hub) startNode(ctx context.Context, addr string, base *redis.Options) *node {
-	n := &node{addr: addr, stopped: make(chan struct{}), confirmed: map[string]bool{}}
+	n := &node{addr: addr, stopped: make(chan struct{}), confirmed: map[string]bool{}, base: base}
 	opt := nodeOptions(base)
 	opt.OnConnect = h.onConnect(n, base.OnConnect)
 	n.client = redis.NewClient(&opt)
@@ -134,7 +140,8 @@ func (h *Hub) onConnect(n *node, user func(context.Context, *redis.Conn) error) 
 }
 
 // stopNode closes n; Hub.mu must be held.
-func stopNode(n *node) {
+func (h *Hub) stopNode(n *node) {
+	h.stopReader(n)
 	close(n.stopped)
 	_ = n.sub.Close()
 	_ = n.client.Close()
@@ -258,6 +265,7 @@ func (h *Hub) apply(n *node, msg any) bool {
 // subscribed was missed. Hub.tmu is held for reading.
 func (h *Hub) confirm(n *node, m *redis.Subscription) {
 	if m.Kind == "subscribe" && m.Channel == invalidateChannel {
+		h.bindReader(n, n.base) // before the void: a read after it goes through the new reader
 		h.dropAllLocked(true)
 		n.subbed.Store(true)
 	}

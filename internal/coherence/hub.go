@@ -48,6 +48,9 @@ type Hub struct {
 
 	pmu   sync.Mutex    // protects pongs
 	pongs chan struct{} // closed at the next lease PONG
+
+	rmu     sync.Mutex                         // serializes changes of readers
+	readers atomic.Pointer[map[string]*reader] // the nodes' readers by address (see setReader)
 }
 
 // hubState is what the connections read when they (re)connect, without a
@@ -78,7 +81,7 @@ func (h *Hub) Close() {
 	h.stop()
 	h.mu.Lock()
 	for _, n := range h.nodes {
-		stopNode(n)
+		h.stopNode(n)
 	}
 	h.nodes = map[string]*node{}
 	h.mu.Unlock()
@@ -104,7 +107,7 @@ func (h *Hub) ConnIDs() []int64 {
 func (h *Hub) register(t *Tracker) {
 	h.tmu.Lock()
 	h.trackers = append(h.trackers, t)
-	h.prefixes[t.prefix]++
+	h.prefixes[t.broadcast()]++
 	for _, ch := range t.ownChannels() {
 		h.byChan[ch] = append(h.byChan[ch], t)
 	}
@@ -114,7 +117,7 @@ func (h *Hub) register(t *Tracker) {
 	h.mu.Lock()
 	t.nnodes.Store(int32(len(h.nodes)))
 	for _, n := range h.nodes {
-		if covered(t.prefix, n.trackedPrefixes()) {
+		if covered(t.broadcast(), n.trackedPrefixes()) {
 			_ = n.sub.Subscribe(ctx, t.ownChannels()...) // on failure go-redis subscribes again when it reconnects
 		} else {
 			restart(n)
@@ -135,8 +138,8 @@ func (h *Hub) register(t *Tracker) {
 func (h *Hub) unregister(t *Tracker) {
 	h.tmu.Lock()
 	h.trackers = slices.DeleteFunc(h.trackers, func(o *Tracker) bool { return o == t })
-	if h.prefixes[t.prefix]--; h.prefixes[t.prefix] <= 0 {
-		delete(h.prefixes, t.prefix)
+	if h.prefixes[t.broadcast()]--; h.prefixes[t.broadcast()] <= 0 {
+		delete(h.prefixes, t.broadcast())
 	}
 	var gone []string
 	for _, ch := range t.ownChannels() {

@@ -69,7 +69,7 @@ func (h *Hub) sync(ctx context.Context) {
 	for addr, n := range h.nodes {
 		if _, ok := want[addr]; !ok {
 			delete(h.nodes, addr)
-			stopNode(n)
+			h.stopNode(n)
 		}
 	}
 	for _, t := range h.trackers {

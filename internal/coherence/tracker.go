@@ -122,6 +122,12 @@ type Tracker struct {
 	// An eventual near cache (NewEventual): tracking connections, no lease,
 	// no acknowledgements.
 	eventual bool
+
+	// A per-key near cache (NewPerKey): eventual, and Redis reports to it
+	// only the writes of the keys it read through the readers, and every
+	// write of the keys under globals (the tag and Clear versions).
+	perKey  bool
+	globals string
 }
 
 // New starts the tracker of a near cache of the keys under prefix on rdb (a
@@ -174,6 +180,33 @@ func (h *Hub) NewEventual(prefix string, leaseLen time.Duration, hooks Hooks) *T
 	t.renewNow = make(chan struct{}, 1)
 	h.register(t)
 	return t
+}
+
+// NewPerKey starts the tracker of an eventual near cache, as
+// [Hub.NewEventual] does, whose tracking is per key: Redis reports to it the
+// writes of the keys read through [Tracker.ReadVia] (and only while the
+// connection that read them lives), so a write costs the processes that
+// read its key, not every process of the prefix. The keys that begin with
+// globals, read once and kept for every value (the tag and Clear versions),
+// are tracked for every write. Only replies read through the readers may
+// be kept.
+func (h *Hub) NewPerKey(prefix, globals string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	t, _ := newTracker(h.rdb, prefix, leaseLen, hooks)
+	t.hub = h
+	t.eventual, t.perKey, t.globals = true, true, globals
+	t.leaseUntil.Store(math.MaxInt64)
+	t.renewNow = make(chan struct{}, 1)
+	h.register(t)
+	return t
+}
+
+// broadcast is the prefix whose every write the tracker must hear: its
+// own, or a per-key tracker's globals.
+func (t *Tracker) broadcast() string {
+	if t.perKey {
+		return t.globals
+	}
+	return t.prefix
 }
 
 // newTracker makes a tracker that runs nothing yet, and the context that

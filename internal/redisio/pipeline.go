@@ -28,17 +28,32 @@ const maxRedirects = 3
 // ClusterClient itself do not see these pipelines; hooks added to its nodes
 // (OnNewNode) do.
 func (cl *Client) Pipeline(ctx context.Context, keys []string, cmds []redis.Cmder) {
+	cl.pipeline(ctx, keys, cmds, nil)
+}
+
+// Reads is Pipeline for a round of reads, sent through the tracked readers
+// where there are (see TrackReads): tracked[i] says whether cmds[i] was.
+func (cl *Client) Reads(ctx context.Context, keys []string, cmds []redis.Cmder) (tracked []bool) {
+	tracked = make([]bool, len(cmds))
+	cl.pipeline(ctx, keys, cmds, tracked)
+	return tracked
+}
+
+// pipeline is Pipeline; with tracked non-nil, through the tracked readers.
+func (cl *Client) pipeline(ctx context.Context, keys []string, cmds []redis.Cmder, tracked []bool) {
 	if cl.cluster == nil {
-		_, err := cl.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, cmd := range cmds {
-				_ = p.Process(ctx, cmd)
-			}
-			return nil
-		})
-		unsent(cmds, err)
+		var rdb redis.Cmdable = cl.rdb
+		if cl.reads.server != nil {
+			rdb = cl.reads.server
+		}
+		all := make([]int, len(cmds))
+		for i := range all {
+			all[i] = i
+		}
+		sendVia(ctx, rdb, cmds, all, tracked, cl.reads.route)
 		return
 	}
-	r := &clusterRound{cc: cl.cluster, cmds: cmds, asking: make([]bool, len(cmds))}
+	r := &clusterRound{cc: cl.cluster, cmds: cmds, asking: make([]bool, len(cmds)), tracked: tracked, route: cl.reads.route}
 	var pending []int
 	r.to, pending = toMasters(ctx, r.cc, keys, func(i int, err error) { cmds[i].SetErr(err) })
 	for hop := 0; len(pending) > 0; hop++ {
@@ -57,6 +72,9 @@ type clusterRound struct {
 	to     []*redis.Client          // to[i]: the node cmds[i] goes to
 	asking []bool                   // asking[i]: cmds[i] follows an ASK; ASKING goes before it
 	nodes  map[string]*redis.Client // cc's nodes by address, for redirects; filled on the first
+
+	tracked []bool // non-nil: reads, through the tracked readers; tracked[i]: cmds[i] went through one
+	route   func(*redis.Client) (*redis.Client, bool)
 }
 
 // redirected points the commands of pending that met MOVED or ASK at the
@@ -87,18 +105,62 @@ func (r *clusterRound) redirected(ctx context.Context, pending []int) (again []i
 // send sends cmds[idx] to node in one pipeline, each command with asking
 // set preceded by ASKING (which holds for the next command only).
 func (r *clusterRound) send(ctx context.Context, node *redis.Client, idx []int) {
+	sendVia(ctx, node, r.cmds, idx, r.tracked, r.route, r.asking...)
+}
+
+// sendVia sends cmds[idx] to node in one pipeline, each command whose
+// asking is set preceded by ASKING (which holds for the next command only).
+// With tracked non-nil the commands are reads: they go through node's
+// tracked reader if route gives one (tracked[i] set), and again through
+// node if the reader failed on the wire (a reader that cannot connect must
+// not fail reads that node can serve).
+func sendVia(ctx context.Context, node redis.Cmdable, cmds []redis.Cmder, idx []int, tracked []bool, route func(*redis.Client) (*redis.Client, bool), asking ...bool) {
+	for _, i := range idx {
+		if tracked != nil {
+			tracked[i] = false // (a redirect's next hop may not be)
+		}
+	}
+	if c, ok := node.(*redis.Client); ok && tracked != nil {
+		if rdr, ok := route(c); ok {
+			sendPipeline(ctx, rdr, cmds, idx, asking)
+			if !anyOnTheWire(cmds, idx) {
+				for _, i := range idx {
+					tracked[i] = true
+				}
+				return
+			}
+			for _, i := range idx {
+				cmds[i].SetErr(nil)
+			}
+		}
+	}
+	sendPipeline(ctx, node, cmds, idx, asking)
+}
+
+// sendPipeline sends cmds[idx] to node in one pipeline (see sendVia).
+func sendPipeline(ctx context.Context, node redis.Cmdable, cmds []redis.Cmder, idx []int, asking []bool) {
 	sent := make([]redis.Cmder, 0, len(idx))
 	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, i := range idx {
-			if r.asking[i] {
+			if asking != nil && asking[i] {
 				_ = p.Process(ctx, redis.NewStatusCmd(ctx, "asking"))
 			}
-			_ = p.Process(ctx, r.cmds[i])
-			sent = append(sent, r.cmds[i])
+			_ = p.Process(ctx, cmds[i])
+			sent = append(sent, cmds[i])
 		}
 		return nil
 	})
 	unsent(sent, err)
+}
+
+// anyOnTheWire reports whether one of cmds[idx] failed on the wire.
+func anyOnTheWire(cmds []redis.Cmder, idx []int) bool {
+	for _, i := range idx {
+		if onTheWire(cmds[i].Err()) {
+			return true
+		}
+	}
+	return false
 }
 
 // unsent gives err, the error of a pipeline, to its commands that got no

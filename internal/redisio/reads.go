@@ -50,10 +50,11 @@ const maxBatch = 256
 // coalescer is safe for concurrent use.
 type coalescer struct {
 	rdb          redis.UniversalClient
-	server       *redis.Client          // non-nil: rdb is one server's client; a batch is one MGET
-	masters      *redis.ClusterClient   // non-nil: reads go to the cluster's masters, an MGET per slot
-	batchContext func() context.Context // a batch's own context: no caller's ctx may end it
-	pool         sync.Pool              // *pendingRead whose reader took its reply
+	server       *redis.Client                     // non-nil: rdb is one server's client; a batch is one MGET
+	masters      *redis.ClusterClient              // non-nil: reads go to the cluster's masters, an MGET per slot
+	batchContext func() context.Context            // a batch's own context: no caller's ctx may end it
+	via          func(*redis.Client) *redis.Client // see Client.TrackReads; nil: none
+	pool         sync.Pool                         // *pendingRead whose reader took its reply
 
 	mu    sync.Mutex     // protects queue and busy
 	queue []*pendingRead // reads waiting for the next batch
@@ -63,28 +64,29 @@ type coalescer struct {
 
 // pendingRead is a queued read and, once done fires, its reply.
 type pendingRead struct {
-	key   string
-	extra []string // keys read with it, in the same MGET (single server only)
-	val   []byte
-	vals  []any // extra's replies
-	err   error
-	done  chan struct{} // buffered: the sender never waits for a reader that left
+	key     string
+	extra   []string // keys read with it, in the same MGET (single server only)
+	val     []byte
+	vals    []any // extra's replies
+	tracked bool  // sent through a tracked reader (see Client.TrackReads)
+	err     error
+	done    chan struct{} // buffered: the sender never waits for a reader that left
 }
 
-// get is Client.Get.
+// get is Client.Read.
 // extra, the keys read with key, is for a single server only.
-func (co *coalescer) get(ctx context.Context, key string, extra []string) ([]byte, []any, error) {
+func (co *coalescer) get(ctx context.Context, key string, extra []string) Reply {
 	if co.server == nil && co.masters == nil {
 		b, err := co.rdb.Get(ctx, key).Bytes()
-		return b, nil, err
+		return Reply{Val: b, Err: err}
 	}
 	co.mu.Lock()
 	if !co.busy { // nothing on the wire: go at once
 		co.busy = true
 		co.mu.Unlock()
-		b, vals, err := co.single(ctx, key, extra)
+		rep := co.single(ctx, key, extra)
 		co.done()
-		return b, vals, err
+		return rep
 	}
 	r, _ := co.pool.Get().(*pendingRead)
 	if r == nil {
@@ -95,34 +97,94 @@ func (co *coalescer) get(ctx context.Context, key string, extra []string) ([]byt
 	co.mu.Unlock()
 	select {
 	case <-r.done:
-		b, vals, err := r.val, r.vals, r.err
-		r.key, r.extra, r.val, r.vals, r.err = "", nil, nil, nil, nil
+		rep := Reply{Val: r.val, Extra: r.vals, Tracked: r.tracked && r.err == nil, Err: r.err}
+		r.key, r.extra, r.val, r.vals, r.tracked, r.err = "", nil, nil, nil, false, nil
 		co.pool.Put(r)
-		return b, vals, err
+		return rep
 	case <-ctx.Done():
-		return nil, nil, ctx.Err() // the batch still fills r, into its buffer; r is never reused
+		return Reply{Err: ctx.Err()} // the batch still fills r, into its buffer; r is never reused
 	}
 }
 
+// route returns the client that a read meant for node goes through: its
+// tracked reader if there is one (tracked), else node.
+func (co *coalescer) route(node *redis.Client) (*redis.Client, bool) {
+	if co.via != nil {
+		if r := co.via(node); r != nil {
+			return r, true
+		}
+	}
+	return node, false
+}
+
+// sendVia fills reads, meant for node, through node's tracked reader if it
+// has one, and through node itself if it has none or the reader failed
+// without a reply from Redis (a reader that cannot connect must not fail
+// reads that node can serve).
+func (co *coalescer) sendVia(node *redis.Client, reads []*pendingRead, send func(*redis.Client)) {
+	if rdr, ok := co.route(node); ok {
+		send(rdr)
+		if !failedOnTheWire(reads) {
+			for _, r := range reads {
+				r.tracked = true
+			}
+			return
+		}
+		for _, r := range reads {
+			r.val, r.vals, r.err = nil, nil, nil
+		}
+	}
+	send(node)
+}
+
+// failedOnTheWire reports whether a read got an error other than Redis's
+// reply (a dial, a closed connection, a timeout).
+func failedOnTheWire(reads []*pendingRead) bool {
+	for _, r := range reads {
+		if onTheWire(r.err) {
+			return true
+		}
+	}
+	return false
+}
+
+// onTheWire reports whether err is a read's error other than Redis's reply
+// (a dial, a closed connection, a timeout).
+func onTheWire(err error) bool {
+	return err != nil && err != redis.Nil && !rediserr.IsReply(err)
+}
+
 // single is a lone read, on the caller's ctx.
-func (co *coalescer) single(ctx context.Context, key string, extra []string) ([]byte, []any, error) {
+func (co *coalescer) single(ctx context.Context, key string, extra []string) Reply {
 	rdb := co.server
 	if rdb == nil {
 		var err error
 		if rdb, err = co.masters.MasterForKey(ctx, key); err != nil {
-			return nil, nil, err
+			return Reply{Err: err}
 		}
 	}
+	if rdr, ok := co.route(rdb); ok {
+		rep := readOne(ctx, rdr, key, extra)
+		if !onTheWire(rep.Err) {
+			rep.Tracked = rep.Err == nil
+			return rep
+		}
+	}
+	return readOne(ctx, rdb, key, extra)
+}
+
+// readOne reads key (and extra, in one MGET) from c.
+func readOne(ctx context.Context, c *redis.Client, key string, extra []string) Reply {
 	if len(extra) > 0 {
 		r := &pendingRead{key: key, extra: extra}
-		mget(ctx, rdb, []*pendingRead{r})
-		return r.val, r.vals, r.err
+		mget(ctx, c, []*pendingRead{r})
+		return Reply{Val: r.val, Extra: r.vals, Err: r.err}
 	}
-	b, err := rdb.Get(ctx, key).Bytes()
+	b, err := c.Get(ctx, key).Bytes()
 	if rediserr.IsWrongType(err) { // as MGET says of it
 		err = redis.Nil
 	}
-	return b, nil, err
+	return Reply{Val: b, Err: err}
 }
 
 // done is called by the sender when its read or batch returned: the reads
@@ -156,7 +218,7 @@ func (co *coalescer) drain() {
 
 		ctx := co.batchContext()
 		if co.server != nil {
-			mget(ctx, co.server, batch)
+			co.sendVia(co.server, batch, func(c *redis.Client) { mget(ctx, c, batch) })
 		} else {
 			co.perMaster(ctx, batch)
 		}
@@ -179,10 +241,12 @@ func (co *coalescer) perMaster(ctx context.Context, reads []*pendingRead) {
 	to, found := toMasters(ctx, co.masters, firstKeys, func(i int, err error) { failReads(slots[i], err) })
 	sendPerNode(found, to, func(node *redis.Client, idx []int) {
 		nodeSlots := make([][]*pendingRead, len(idx))
+		var reads []*pendingRead
 		for j, i := range idx {
 			nodeSlots[j] = slots[i]
+			reads = append(reads, slots[i]...)
 		}
-		pipeMGets(ctx, node, nodeSlots)
+		co.sendVia(node, reads, func(c *redis.Client) { pipeMGets(ctx, c, nodeSlots) })
 	})
 }
 

@@ -49,18 +49,42 @@ func New(rdb redis.UniversalClient, batchContext func() context.Context, replica
 // ctx ends first. On a cluster a slot's MOVED, ASK or TRYAGAIN is returned
 // to its readers, not followed.
 func (cl *Client) Get(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := cl.reads.get(ctx, key, nil)
-	return b, err
+	rep := cl.reads.get(ctx, key, nil)
+	return rep.Val, rep.Err
+}
+
+// Reply is a read's outcome.
+type Reply struct {
+	Val     []byte // the bytes; nil with Err redis.Nil when there are none
+	Extra   []any  // the replies of the keys read with it (see Read)
+	Tracked bool   // Val was read through a tracked reader (see TrackReads)
+	Err     error
+}
+
+// Read is Get, with the replies of extra read in the same MGET on a single
+// server (see GetWith), and whether the read went through a tracked
+// reader.
+func (cl *Client) Read(ctx context.Context, key string, extra []string) Reply {
+	if len(extra) > 0 && cl.reads.server == nil {
+		return Reply{Err: errors.New("cache: redis: a read with other keys needs a single-server client")}
+	}
+	return cl.reads.get(ctx, key, extra)
+}
+
+// TrackReads sends the reads of Read and Reads through via(node), node's
+// tracked reader (whose reads Redis reports the writes of to a per-key
+// near cache), where via returns one; elsewhere through node, untracked.
+// Called before any read.
+func (cl *Client) TrackReads(via func(node *redis.Client) *redis.Client) {
+	cl.reads.via = via
 }
 
 // GetWith is Get with other keys read in the same MGET, their raw
 // replies (nil where a key has no string) in order. Single-server clients
 // only: elsewhere the keys may lie in other slots.
 func (cl *Client) GetWith(ctx context.Context, key string, extra []string) ([]byte, []any, error) {
-	if cl.reads.server == nil {
-		return nil, nil, errors.New("cache: redis: a read with other keys needs a single-server client")
-	}
-	return cl.reads.get(ctx, key, extra)
+	rep := cl.Read(ctx, key, extra)
+	return rep.Val, rep.Extra, rep.Err
 }
 
 // MGetSlot reads keys, all of one slot, with one MGET: on a cluster from

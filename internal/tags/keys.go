@@ -33,6 +33,10 @@ func (s *Versions) Keys(tags []string) []string {
 // no value's (see coherence.Hooks.Global), and that callers may not use.
 func (s *Versions) Global(key string) bool { return strings.HasPrefix(key, s.base) }
 
+// Base begins every version key (and the clock): a near cache tracks
+// every write of them, whatever it read.
+func (s *Versions) Base() string { return s.base }
+
 // Depends reports what a change of Global key means to the values kept in
 // memory: every value depends on the Cache's version (Clear); a tag's
 // version, only the values that carry the tag (tagged); the clock, none

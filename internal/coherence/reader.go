@@ -1,0 +1,176 @@
+// Per-key tracking: the read connections whose reads Redis remembers, and
+// how a per-key near cache learns that it must forget them.
+
+package coherence
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// reader is a client to one node whose every connection asks Redis to
+// track the keys it reads and to send their invalidations to the node's
+// subscribed connection (CLIENT TRACKING ON REDIRECT <sub>, default mode):
+// Redis then reports a write of a key only to the processes that read it,
+// where broadcast tracking reports it to every process of the prefix.
+//
+// What a connection read is tracked only while it lives: Redis skips a
+// closed client when it invalidates, and nobody is told. So a reader's
+// connections are never closed on purpose while it is current (no idle
+// reaping, no lifetime), and a close, whatever its cause, drops the memory
+// of every per-key tracker of the hub (see Hub.readerClosed). A reader is
+// bound to one subscribed connection: when that one is replaced, so is the
+// reader (see Hub.bindReader).
+type reader struct {
+	client *redis.Client
+	sub    int64 // the CLIENT ID its invalidations go to
+}
+
+// readerGrace is how long a replaced reader stays open for the reads
+// already sent through it; none of their replies is kept (the replacement
+// voided them).
+const readerGrace = 10 * time.Second
+
+// bindReader gives n a reader that redirects to its current subscribed
+// connection, and retires the one it had. Called when the invalidations'
+// subscription is confirmed, before the trackers' reads in flight are
+// voided: a read that takes its ticket after that void is sent through the
+// new reader. h.tmu is held for reading.
+func (h *Hub) bindReader(n *node, base *redis.Options) {
+	r := &reader{sub: n.id.Load()}
+	opt := readerOptions(base)
+	opt.OnConnect = readerOnConnect(r.sub, base.OnConnect)
+	opt.Dialer = closeNotifier(opt.Dialer, func() { h.readerClosed(n, r) })
+	r.client = redis.NewClient(&opt)
+	if old := h.setReader(n, r); old != nil {
+		time.AfterFunc(readerGrace, func() { _ = old.client.Close() })
+	}
+}
+
+// readerOptions are the options of a reader of base's node: its
+// connection settings, and a pool that closes nothing by itself.
+func readerOptions(base *redis.Options) redis.Options {
+	opt := nodeOptions(base)
+	opt.PoolSize = base.PoolSize
+	opt.PoolFIFO = base.PoolFIFO
+	opt.ConnMaxIdleTime = -1 // an idle connection closed would lose what it read
+	opt.MaxRetries = -1      // a failed read falls back to the user's client, whose retries apply
+	return opt
+}
+
+// readerOnConnect turns tracking on for a reader's connection, after the
+// user's OnConnect.
+func readerOnConnect(sub int64, user func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
+	return func(ctx context.Context, cn *redis.Conn) error {
+		_ = cn.ClientSetName(ctx, ReaderName).Err() // an ACL may refuse it
+		if user != nil {
+			if err := user(ctx, cn); err != nil {
+				return fmt.Errorf("near cache reader: OnConnect: %v", err) // not a reply: the read falls back
+			}
+		}
+		cmd := redis.NewStatusCmd(ctx, "client", "tracking", "on", "redirect", sub)
+		if err := cn.Process(ctx, cmd); err != nil {
+			return fmt.Errorf("near cache reader: CLIENT TRACKING ON REDIRECT %d: %v", sub, err)
+		}
+		return nil
+	}
+}
+
+// ReaderName names the readers' connections in CLIENT LIST.
+const ReaderName = "stampede-near-read"
+
+// closeNotifier wraps dial so that closing any connection it made calls
+// closed (once per connection).
+func closeNotifier(dial func(ctx context.Context, network, addr string) (net.Conn, error), closed func()) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		cn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &notifyingConn{Conn: cn, closed: closed}, nil
+	}
+}
+
+// notifyingConn is a reader's connection: its Close is reported.
+type notifyingConn struct {
+	net.Conn
+	once   sync.Once
+	closed func()
+}
+
+func (c *notifyingConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.closed)
+	return err
+}
+
+// readerClosed is told that a connection of r, n's reader, closed: what it
+// read is no longer tracked, so every per-key tracker drops its memory and
+// voids its reads in flight. A reader that was replaced or stopped is
+// ignored: its replacement voided everything already.
+func (h *Hub) readerClosed(n *node, r *reader) {
+	if n.reader.Load() != r {
+		return
+	}
+	for _, t := range h.state.Load().trackers {
+		if t.perKey {
+			t.dropAll(false)
+		}
+	}
+}
+
+// stopReader closes n's reader; its closes are ignored from here on.
+func (h *Hub) stopReader(n *node) {
+	if r := h.setReader(n, nil); r != nil {
+		_ = r.client.Close()
+	}
+}
+
+// setReader makes r n's reader (nil: none), and returns the one it
+// replaces. Reads find readers by address without a lock (see
+// Tracker.ReadVia), in a map replaced whole.
+func (h *Hub) setReader(n *node, r *reader) (old *reader) {
+	h.rmu.Lock()
+	defer h.rmu.Unlock()
+	old = n.reader.Swap(r)
+	m := map[string]*reader{}
+	if cur := h.readers.Load(); cur != nil {
+		maps.Copy(m, *cur)
+	}
+	switch {
+	case r != nil:
+		m[n.addr] = r
+	case m[n.addr] == old: // not another node's, made since for the address
+		delete(m, n.addr)
+	}
+	h.readers.Store(&m)
+	return old
+}
+
+// ReadVia returns the reader of node (a client of the user's, to a master
+// or a single server), through which a read is tracked for this tracker's
+// per-key invalidations, or nil if node has none bound to its current
+// subscribed connection: the read then goes through node, and its reply is
+// not kept.
+func (t *Tracker) ReadVia(node *redis.Client) *redis.Client {
+	m := t.hub.readers.Load()
+	if m == nil {
+		return nil
+	}
+	r := (*m)[node.Options().Addr]
+	if r == nil {
+		return nil
+	}
+	return r.client
+}
+
+// PerKey reports whether the tracker hears only the writes of keys read
+// through [Tracker.ReadVia]'s readers (and of its Global keys), not every
+// write of its prefix.
+func (t *Tracker) PerKey() bool { return t.perKey }
