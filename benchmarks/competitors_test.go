@@ -49,6 +49,7 @@ var competitors = []competitor{
 	{name: "stampede-near", open: openStampedeNear(false), hitOnly: true},
 	{name: "stampede-near-clone", open: openStampedeNearClone, hitOnly: true},
 	{name: "stampede-near-shared", open: openStampedeNear(true), hitOnly: true},
+	{name: "stampede-tracked", open: openStampedeTracked, hitOnly: true},
 }
 
 // loaders is the competitors that are read-through caches.
@@ -280,6 +281,19 @@ func openStampedeNear(shared bool) func(addr string, ttl time.Duration) (instanc
 		}
 		return openStampedeWith(addr, ttl, opts...)
 	}
+}
+
+// openStampedeTracked is stampede with an eventual near cache whose memory
+// it never reads (SkipNear): every hit is a Redis hit through the tracked
+// readers of per-key tracking, to set against stampede's row, whose reads
+// go through the user's client.
+func openStampedeTracked(addr string, ttl time.Duration) (instance, error) {
+	in, err := openStampedeWith(addr, ttl, cache.WithPrefix("bench:"), cache.WithEventualNearCache(time.Hour))
+	if err != nil {
+		return nil, err
+	}
+	in.call = []cache.CallOption{cache.SkipNear()}
+	return in, nil
 }
 
 // clonedProduct is a Product that copies itself, so that near-cache hits

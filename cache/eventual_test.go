@@ -10,6 +10,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -262,4 +263,43 @@ func TestPerKeyNearCacheRefusesRepliesItsReaderDidNotRead(t *testing.T) {
 	assert.False(t, nearHas(r, "k"), "a reply the reader did not read was kept")
 	r.near.keep(r, p+"k", r.nearTicket(p+"k"), reply(true))
 	assert.True(t, nearHas(r, "k"), "a reply the reader read was not kept")
+}
+
+// TestPerKeyNearCacheWithAFullTrackingTable: Redis remembers the keys each
+// client read in a table of at most tracking-table-max-keys keys; past it,
+// it forgets keys and sends their invalidations, as if they were written.
+// A per-key near cache then drops them, so a process that holds more keys
+// than the table serves fewer from memory, never an old value: with a max
+// age of an hour, every write still reaches its memory at once.
+func TestPerKeyNearCacheWithAFullTrackingTable(t *testing.T) {
+	srv := redistest.PrivateServer(t, "TestPerKeyNearCacheWithAFullTrackingTable sets the server's tracking-table-max-keys")
+	admin := redistest.Client(t, srv.Addr)
+	require.NoError(t, admin.ConfigSet(t.Context(), "tracking-table-max-keys", "10").Err())
+	p := redistest.Prefix(t, admin)
+	agedRegistry(t, admin, p)
+	r, ev := newNearCacheOn(t, redistest.Client(t, srv.Addr), p, WithEventualNearCache(time.Hour))
+	w := New[product](redistest.Client(t, srv.Addr), WithPrefix(p), WithoutNearCache())
+	t.Cleanup(func() { w.Close() })
+	const keys = 40 // four times the table
+	for round := range 3 {
+		want := "v" + strconv.Itoa(round)
+		for i := range keys {
+			require.NoError(t, w.Set(t.Context(), "k"+strconv.Itoa(i), product{ID: want}))
+		}
+		for i := range keys { // each key read and kept: the table overflows
+			require.True(t, eventually(func() bool {
+				v, err := r.Get(t.Context(), "k"+strconv.Itoa(i))
+				return err == nil && v.ID == want
+			}), "round %d: key %d old after its write", round, i)
+		}
+	}
+	info, err := admin.Info(t.Context(), "stats").Result()
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(info, "tracking_total_keys:")
+	require.True(t, ok, "INFO stats has no tracking_total_keys")
+	tracked, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, tracked, 10, "the table was not full: the test proves nothing")
+	assert.Positive(t, ev.get(EventNearInvalidation), "no invalidation dropped anything from memory")
+	t.Logf("near hits %d, invalidations %d of %d keys kept per round", ev.get(EventNearHit), ev.get(EventNearInvalidation), keys)
 }

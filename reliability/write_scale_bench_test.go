@@ -87,7 +87,7 @@ func (r scaleRow) byDefault() bool {
 func scaleRows() []scaleRow {
 	all := []scaleRow{{near: "off", writers: 1}, {near: "off", writers: 8}, {near: "off", writers: 16}}
 	for _, near := range []string{"strict", "eventual"} {
-		for _, procs := range []int{1, 4, 16, 32} {
+		for _, procs := range []int{1, 4, 16, 32, 100, 400} {
 			for _, hold := range []string{"written", "other"} {
 				for _, writers := range []int{1, 8, 16} {
 					all = append(all, scaleRow{near: near, procs: procs, hold: hold, writers: writers})
@@ -155,7 +155,10 @@ func benchScale(b *testing.B, r scaleRow) {
 		}
 	}
 	procs, caches := r.procs, 1
-	if procs > maxScaleProcs {
+	switch {
+	case procs >= 100: // as the fleet rows were first measured: 4 processes of procs/4 Caches
+		procs, caches = 4, r.procs/4
+	case procs > maxScaleProcs:
 		procs, caches = maxScaleProcs, r.procs/maxScaleProcs
 	}
 	env := map[string]string{"REDIS": addr, "PREFIX": p, "NEAR": r.near, "KEYS": held,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -49,8 +50,9 @@ type Hub struct {
 	pmu   sync.Mutex    // protects pongs
 	pongs chan struct{} // closed at the next lease PONG
 
-	rmu     sync.Mutex                         // serializes changes of readers
+	rmu     sync.Mutex                         // serializes changes of readers; protects retired
 	readers atomic.Pointer[map[string]*reader] // the nodes' readers by address (see setReader)
+	retired map[*reader]*time.Timer            // replaced readers, closed after readerGrace
 }
 
 // hubState is what the connections read when they (re)connect, without a
@@ -67,7 +69,7 @@ type hubState struct {
 func NewHub(rdb redis.UniversalClient) *Hub {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &Hub{rdb: rdb, ctx: ctx, stop: cancel, kick: make(chan struct{}, 1), nodes: map[string]*node{},
-		byChan: map[string][]*Tracker{}, prefixes: map[string]int{}, pongs: make(chan struct{})}
+		byChan: map[string][]*Tracker{}, prefixes: map[string]int{}, pongs: make(chan struct{}), retired: map[*reader]*time.Timer{}}
 	h.state.Store(&hubState{channels: []string{invalidateChannel}})
 	return h
 }
@@ -85,6 +87,7 @@ func (h *Hub) Close() {
 	}
 	h.nodes = map[string]*node{}
 	h.mu.Unlock()
+	h.closeRetired()
 	h.done.Wait()
 	h.dropAll(true)
 }

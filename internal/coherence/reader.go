@@ -49,8 +49,35 @@ func (h *Hub) bindReader(n *node, base *redis.Options) {
 	opt.Dialer = closeNotifier(opt.Dialer, func() { h.readerClosed(n, r) })
 	r.client = redis.NewClient(&opt)
 	if old := h.setReader(n, r); old != nil {
-		time.AfterFunc(readerGrace, func() { _ = old.client.Close() })
+		h.retire(old)
 	}
+}
+
+// retire closes r after readerGrace, or when the hub closes if sooner.
+func (h *Hub) retire(r *reader) {
+	h.rmu.Lock()
+	defer h.rmu.Unlock()
+	if h.closed.Load() {
+		_ = r.client.Close()
+		return
+	}
+	h.retired[r] = time.AfterFunc(readerGrace, func() {
+		h.rmu.Lock()
+		delete(h.retired, r)
+		h.rmu.Unlock()
+		_ = r.client.Close()
+	})
+}
+
+// closeRetired closes the retired readers at once; the hub is closing.
+func (h *Hub) closeRetired() {
+	h.rmu.Lock()
+	defer h.rmu.Unlock()
+	for r, timer := range h.retired {
+		timer.Stop()
+		_ = r.client.Close()
+	}
+	clear(h.retired)
 }
 
 // readerOptions are the options of a reader of base's node: its
