@@ -79,4 +79,13 @@
 // writes confirm like a writer's without a near cache, so the holders of a
 // prefix keep their promise whoever writes; on a prefix where every process
 // is eventual there is no holder, and writes wait for nobody.
+//
+// On a single server or a cluster an eventual near cache tracks per key
+// ([Hub.NewPerKey]): its reads go through a reader per node, whose
+// connections have Redis remember the keys they read and send their
+// invalidations to the node's subscribed connection, so a write is reported
+// only to the processes that read its key. Only replies read there are
+// kept; a reader follows its subscribed connection when that one is
+// replaced; a reader connection that closes drops memory, since what it
+// read is tracked no more.
 package coherence
