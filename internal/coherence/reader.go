@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +33,9 @@ import (
 type reader struct {
 	client *redis.Client
 	sub    int64 // the CLIENT ID its invalidations go to
+
+	mu    sync.Mutex
+	conns map[int64]bool // its connections' CLIENT IDs, for checkReaders; protected by mu
 }
 
 // readerGrace is how long a replaced reader stays open for the reads
@@ -43,9 +49,9 @@ const readerGrace = 10 * time.Second
 // voided: a read that takes its ticket after that void is sent through the
 // new reader. h.tmu is held for reading.
 func (h *Hub) bindReader(n *node, base *redis.Options) {
-	r := &reader{sub: n.id.Load()}
+	r := &reader{sub: n.id.Load(), conns: map[int64]bool{}}
 	opt := readerOptions(base)
-	opt.OnConnect = readerOnConnect(r.sub, base.OnConnect)
+	opt.OnConnect = readerOnConnect(r, base.OnConnect)
 	opt.Dialer = closeNotifier(opt.Dialer, func() { h.readerClosed(n, r) })
 	r.client = redis.NewClient(&opt)
 	if old := h.setReader(n, r); old != nil {
@@ -92,8 +98,9 @@ func readerOptions(base *redis.Options) redis.Options {
 }
 
 // readerOnConnect turns tracking on for a reader's connection, after the
-// user's OnConnect.
-func readerOnConnect(sub int64, user func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
+// user's OnConnect, and notes its CLIENT ID.
+func readerOnConnect(r *reader, user func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
+	sub := r.sub
 	return func(ctx context.Context, cn *redis.Conn) error {
 		_ = cn.ClientSetName(ctx, ReaderName).Err() // an ACL may refuse it
 		if user != nil {
@@ -105,8 +112,78 @@ func readerOnConnect(sub int64, user func(context.Context, *redis.Conn) error) f
 		if err := cn.Process(ctx, cmd); err != nil {
 			return fmt.Errorf("near cache reader: CLIENT TRACKING ON REDIRECT %d: %v", sub, err)
 		}
+		if id, err := cn.ClientID(ctx).Result(); err == nil {
+			r.mu.Lock()
+			r.conns[id] = true
+			r.mu.Unlock()
+		}
 		return nil
 	}
+}
+
+// checkReaders asks each node whether its reader's connections are all
+// still there. One the server closed (CLIENT KILL, its idle timeout) is
+// not seen by the client until it is next used, and what it read is no
+// longer tracked: a connection missing from CLIENT LIST drops the memory
+// of the per-key trackers, as a close seen by the client does. Called
+// every checkEvery. A server without CLIENT LIST ID (before 6.2) or an
+// ACL without it leaves such a close to be seen at the next use.
+func (h *Hub) checkReaders(ctx context.Context) {
+	m := h.readers.Load()
+	if m == nil || !h.hasPerKey() {
+		return
+	}
+	for _, r := range *m {
+		if gone := r.missing(ctx); gone {
+			h.readerGone(r)
+		}
+	}
+}
+
+// missing reports whether a connection r noted is no longer on the
+// server, and forgets those that are not.
+func (r *reader) missing(ctx context.Context) bool {
+	r.mu.Lock()
+	args := []any{"client", "list", "id"}
+	for id := range r.conns {
+		args = append(args, id)
+	}
+	r.mu.Unlock()
+	if len(args) == 3 {
+		return false
+	}
+	list, err := r.client.Do(ctx, args...).Text()
+	if err != nil {
+		return false
+	}
+	live := map[int64]bool{}
+	for _, line := range strings.Split(list, "\n") {
+		if f, _, ok := strings.Cut(line, " "); ok {
+			if id, err := strconv.ParseInt(strings.TrimPrefix(f, "id="), 10, 64); err == nil {
+				live[id] = true
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	gone := false
+	for _, a := range args[3:] {
+		if id := a.(int64); !live[id] {
+			delete(r.conns, id)
+			gone = true
+		}
+	}
+	return gone
+}
+
+// hasPerKey reports whether the hub has a per-key tracker.
+func (h *Hub) hasPerKey() bool {
+	for _, t := range h.state.Load().trackers {
+		if t.perKey {
+			return true
+		}
+	}
+	return false
 }
 
 // ReaderName names the readers' connections in CLIENT LIST.
@@ -145,6 +222,19 @@ func (h *Hub) readerClosed(n *node, r *reader) {
 	if n.reader.Load() != r {
 		return
 	}
+	h.dropPerKey()
+}
+
+// readerGone is checkReaders' readerClosed: r is a current reader.
+func (h *Hub) readerGone(r *reader) {
+	if m := h.readers.Load(); m != nil && slices.Contains(slices.Collect(maps.Values(*m)), r) {
+		h.dropPerKey()
+	}
+}
+
+// dropPerKey drops the memory of every per-key tracker and voids its reads
+// in flight.
+func (h *Hub) dropPerKey() {
 	for _, t := range h.state.Load().trackers {
 		if t.perKey {
 			t.dropAll(false)

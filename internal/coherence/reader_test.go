@@ -164,3 +164,25 @@ func TestTheReaderFollowsItsSubscribedConnection(t *testing.T) {
 	require.NoError(t, admin.Set(t.Context(), p+"k", 1, 0).Err())
 	assert.True(t, eventually(func() bool { return tr.Invalidated(tk) }), "a read through the reader after the subscription was replaced is not heard")
 }
+
+// A reader connection the server closed while idle (its timeout, a kill)
+// is seen by the client only when next used, and what it read is no longer
+// tracked: the hub's check asks the server for the readers' connections
+// and drops memory when one is gone, without waiting for that use.
+func TestAnIdleReaderConnectionClosedByTheServerDropsMemory(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	var drops atomic.Int64
+	tr, rdb := perKeyTracker(t, addr, p, &drops)
+	readThrough(t, tr.ReadVia(rdb), p+"k")
+	ids := readerConns(t, admin)
+	require.NotEmpty(t, ids, "no reader connection in CLIENT LIST")
+	tk := tr.Ticket(p + "k")
+	before := drops.Load()
+	for _, id := range ids {
+		require.NoError(t, admin.ClientKillByFilter(t.Context(), "ID", strconv.FormatInt(id, 10)).Err())
+	}
+	assert.True(t, eventually(func() bool { return drops.Load() > before }), "an idle reader connection closed by the server went unnoticed")
+	assert.False(t, tr.Valid(tk), "a read in flight survived its connection's close")
+}

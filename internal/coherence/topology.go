@@ -19,6 +19,7 @@ func (h *Hub) watch(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		h.sync(ctx)
+		h.checkReaders(ctx)
 		select {
 		case <-ctx.Done():
 			return
