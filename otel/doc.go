@@ -32,6 +32,7 @@
 //	cache.breaker.transitions counter    {transition}  cache.breaker.state = open | closed
 //	cache.breaker.open        updown     {breaker}     1 while the breaker is open, 0 once closed
 //	cache.decode.errors       counter    {record}      a record the codec could not decode (another type or program)
+//	cache.decode.quarantined  counter    {flight}      a read of such a record answered with the value last loaded, no load
 //	cache.encode.errors       counter    {value}       a loaded value the codec could not encode: returned, not stored
 //	cache.loads.uncached      counter    {key}         a key loaded under FailOpen while Redis could not serve it
 //	cache.near.hits           counter    {hit}         a value served from the near cache, no Redis call
