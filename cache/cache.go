@@ -38,6 +38,8 @@ type Cache[V any] struct {
 	legacy   string             // the lease registry of versions before 0.4: a reserved key
 	markKeys string             // what writers' marker keys begin with: reserved
 	tags     *tags.Versions     // tag versions (see WithTags)
+	// quarantine serves keys whose records the codec cannot decode.
+	quarantine *quarantine[V]
 
 	refreshing sync.Map       // keys with a background refresh running in this process
 	bg         sync.WaitGroup // background refreshes, waited for by Close
@@ -52,7 +54,8 @@ type Cache[V any] struct {
 // client with the same non-empty prefix (the two would overwrite each
 // other's values); a closed Cache frees its prefix. Without a prefix, caches
 // of any types share the keyspace, and a record one of them cannot decode is
-// reported as [EventDecodeError].
+// reported as [EventDecodeError] (its key is then loaded at most once per
+// interval while such records keep coming: see [EventQuarantined]).
 //
 // Give it a client whose calls end at their context's deadline
 // (ContextTimeoutEnabled: true in the go-redis options, with ReadTimeout
@@ -72,6 +75,7 @@ func New[V any](rdb redis.UniversalClient, opts ...Option) *Cache[V] {
 		panic("cache: New: nil Redis client")
 	}
 	c := &Cache[V]{rdb: rdb, cfg: newConfig(opts)}
+	c.quarantine = newQuarantine[V](c.cfg.ttl)
 	c.legacy, c.markKeys = coherence.LegacyRegistryKey(c.cfg.prefix), coherence.MarkKeyPrefix(c.cfg.prefix)
 	c.tags = tags.New(rdb, c.cfg.prefix, c.cfg.tags)
 	_, c.cluster = rdb.(*redis.ClusterClient)

@@ -67,8 +67,10 @@ const (
 	// EventDecodeError: the record at the key holds a value the codec could
 	// not decode (written by another version of V, another program, or a
 	// Cache of another value type on the same prefix); it was treated as a
-	// miss, to be replaced. Err: the codec's error. The error hook hears of
-	// it too, once per key (per Cache, up to 1024 keys remembered).
+	// miss, to be replaced, or within the key's quarantine answered with
+	// the value last loaded (EventQuarantined). Err: the codec's error. The
+	// error hook hears of it too, once per key (per Cache, up to 1024 keys
+	// remembered).
 	EventDecodeError
 	// EventNearLeaseWait: a Delete or Set waited out the coherence lease of
 	// a process whose near cache did not acknowledge the write (frozen, cut
@@ -91,6 +93,14 @@ const (
 	// of every process. Key: the (first) key written; Duration: how long
 	// both took; Err: the write's error.
 	EventWrite
+	// EventQuarantined: a flight that found at the key a record the codec
+	// could not decode (EventDecodeError) was answered, without a load, with
+	// the value this process loaded for the key last: the key is
+	// quarantined, loaded at most once per interval (100 ms doubling to
+	// 5 s, at most the TTL) while another program or value type keeps
+	// rewriting it. Neither a hit nor a miss; Get, which never loads,
+	// misses instead. See docs/GUARANTEES.md.
+	EventQuarantined
 )
 
 var eventNames = [...]string{
@@ -100,7 +110,7 @@ var eventNames = [...]string{
 	EventBreakerClose: "breaker_close", EventNearHit: "near_hit", EventNearInvalidation: "near_invalidation",
 	EventNearEviction: "near_eviction", EventNearDrop: "near_drop", EventDecodeError: "decode_error",
 	EventNearLeaseWait: "near_lease_wait", EventLoadVoided: "load_voided", EventEncodeError: "encode_error",
-	EventUncachedLoad: "uncached_load", EventWrite: "write",
+	EventUncachedLoad: "uncached_load", EventWrite: "write", EventQuarantined: "quarantined",
 }
 
 // String returns the kind's snake_case name, for metric and log labels.

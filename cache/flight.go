@@ -350,7 +350,7 @@ func (c *Cache[V]) notAcquired(ctx context.Context, key string) error {
 // this version can read, or a value that DeleteByTag or Clear removed. A
 // value the codec cannot decode (another Cache's value type, say) is a miss
 // too, sent to the observer as EventDecodeError and to the error hook once
-// per key (see decodeReports).
+// per key (see decodeReports), unless the key's quarantine answers it.
 func (c *Cache[V]) decode(ctx context.Context, key string, b []byte, at time.Time) *result[V] {
 	return c.decodeFor(key, b, at, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) })
 }
@@ -377,10 +377,11 @@ func (c *Cache[V]) decodeFor(key string, b []byte, at time.Time, current func(re
 			if c.cfg.onError != nil && c.share.decodes.first(key) {
 				c.cfg.onError(key, err)
 			}
-			return nil // bytes this codec cannot read: a miss, to be replaced
+			return c.quarantine.held(key, at) // nil: a miss, to be replaced
 		}
 		return &result[V]{err: err, at: at} // a broken codec: reloading would not help
 	}
+	c.quarantine.decoded(key, payload)
 	r.freshness, _ = record.ReadFreshness(b)
 	r.throttled = b[1]&record.FlagThrottled != 0
 	r.expired = b[1]&record.FlagExpired != 0
@@ -410,10 +411,14 @@ func (c *Cache[V]) loadHeld(ctx context.Context, k loadKey, load func(context.Co
 
 // loadMisses loads the misses of keys through loadFor; a key whose load
 // failed with a fallback (a value expired by hand) is answered with the
-// fallback, stale, kept for the throttle (see lockEndFor).
+// fallback, stale, kept for the throttle (see lockEndFor). A quarantined
+// key keeps what it loaded (see quarantine).
 func (c *Cache[V]) loadMisses(ctx context.Context, keys []loadKey, load loaderFunc[V], store storeChoice) ([]*result[V], []error) {
 	rs, errs := c.loadFor(ctx, keys, load, store)
 	for i, k := range keys {
+		if errs[i] == nil {
+			c.quarantine.loaded(k.key, rs[i], k.locked)
+		}
 		if errs[i] != nil && k.fallback != nil && k.lk != nil {
 			c.cfg.emit(EventStaleServed, k.key, 0, ErrRefreshFailed)
 			rs[i], errs[i] = &result[V]{data: k.fallback, stale: true, at: k.locked, stamp: k.prior}, nil

@@ -123,6 +123,12 @@ func (c *Cache[V]) judge(key string, r *result[V], o callOptions, loads bool) ve
 	switch {
 	case r == nil || r.err != nil:
 		return verdict[V]{hit: r}
+	case r.quarantined: // served instead of a load: Get, which never loads, misses
+		if !loads {
+			return verdict[V]{}
+		}
+		c.cfg.emit(EventQuarantined, key, 0, nil)
+		return verdict[V]{hit: r}
 	case loads && r.expired: // whatever the clocks say
 		return verdict[V]{prior: r, fallback: c.cfg.stale > 0 && !o.noStale}
 	case loads && !stampHolds(r.stamp, o.store.tags):

@@ -26,6 +26,9 @@ type result[V any] struct {
 	stale     bool             // served past its TTL
 	tracked   bool             // read where Redis reports its key's next write to this process (see near.keep)
 	unencoded bool             // the codec could not encode v: not stored, and every caller gets v itself
+	// quarantined: not the record read, which the codec could not decode,
+	// but the value last loaded for the key (see quarantine).
+	quarantined bool
 	// at is when the Redis call that vouches for this result was sent: the
 	// read that found it, the commit that stored it, or for a load whose lock
 	// was lost, the lock's acquisition. A caller that began after at may

@@ -38,18 +38,22 @@ type Stats struct {
 	NearEvictions int64
 	// Writes counts writes of Redis with their confirmation (EventWrite):
 	// Set, Delete, Expire, DeleteByTag, Clear.
-	Writes      int64
+	Writes int64
+	// Quarantined counts flights answered with the value last loaded for a
+	// key whose record could not be decoded, instead of a load
+	// (EventQuarantined).
+	Quarantined int64
 	BreakerOpen bool  // the circuit breaker keeps calls off Redis now
 	NearEntries int64 // values in the near cache now (an estimate)
 	NearBytes   int64 // their weight against the near cache's budget (updated in batches)
 }
 
 const (
-	eventKinds = int(EventWrite) + 1
-	loadErrors = eventKinds // the counter after the kinds'
+	eventKinds = int(EventQuarantined) + 1
+	loadErrors = 0 // the counter no kind has (kinds start at 1)
 )
 
-var _ [striped.Size - loadErrors - 1]struct{} // every count fits
+var _ [striped.Size - eventKinds]struct{} // every count fits
 
 // counters are a Cache's counts: one per event kind, and the load errors.
 type counters struct{ striped.Counters }
@@ -71,6 +75,6 @@ func (s *counters) snapshot() Stats {
 		LeaseWaits: s.Sum(int(EventNearLeaseWait)), LoadsVoided: s.Sum(int(EventLoadVoided)),
 		DecodeErrors: s.Sum(int(EventDecodeError)), EncodeErrors: s.Sum(int(EventEncodeError)),
 		UncachedLoads: s.Sum(int(EventUncachedLoad)), NearEvictions: s.Sum(int(EventNearEviction)),
-		Writes: s.Sum(int(EventWrite)),
+		Writes: s.Sum(int(EventWrite)), Quarantined: s.Sum(int(EventQuarantined)),
 	}
 }

@@ -71,6 +71,7 @@ func (c *Cache[V]) deleteVersions(ctx context.Context, keys []string) error {
 	// next loads must not be stamped before them (never current, they
 	// would load again until the clock's invalidation arrives).
 	dropped := append(slices.Clone(keys), c.tags.Clock)
+	defer c.quarantine.clear() // any value kept may carry the tags, or predate the Clear
 	return c.writeConfirmed(ctx, dropped, tagsScript,
 		func(p redis.Pipeliner) { tagsScript.EvalSha(ctx, p, all, mem) },
 		func() error { return tagsScript.Run(ctx, c.rdb, all, mem).Err() })

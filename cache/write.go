@@ -164,6 +164,7 @@ func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, script *re
 		}
 		if c.redisCall(keys[0], err) == errNone {
 			c.nearDrop(keys...)
+			c.quarantine.forget(keys...) // a value loaded before the write must not be served after it
 			if wait == nil {
 				return nil
 			}

@@ -40,6 +40,17 @@
 // call by a holder whose lease was taken over returns [ErrNotHeld] and
 // changes nothing. Every method is safe on a nil *Lock.
 //
+// # Metrics
+//
+// [WithObserver] sends the lock's events to a function of yours: each
+// acquisition and give-up, with how long the call took and its attempts; a
+// loss, found at a renewal or at [Lock.Release], once per acquisition; and
+// the fence refusals that the application reports with
+// [Lock.FenceRefused] (only the store sees them). See [Event]. The lock
+// imports no metrics library: LockObserver in the module
+// github.com/stampede-go/stampede/otel turns the events into
+// OpenTelemetry metrics.
+//
 // # What it guarantees
 //
 // While a holder's lease runs, no other caller of [Obtain] gets the key. A

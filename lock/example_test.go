@@ -1,8 +1,8 @@
 // This file shows the standalone lock on the jobs it is for: one
 // worker per customer, one instance per cron run, a repeated submission
 // refused, an oversell prevented, a stalled holder's write fenced off,
-// Redlock; then the lease by hand (Refresh, Release) and the retry
-// strategies (an acquire timeout). They run in CI, their Output checked,
+// Redlock; then the lease by hand (Refresh, Release), an observer of the
+// lock's events, and the retry strategies (an acquire timeout). They run in CI, their Output checked,
 // against the test Redis, whose address TestMain puts in REDIS_ADDR.
 
 package lock_test
@@ -323,6 +323,31 @@ func ExampleLock_Release() {
 	// A's late release: lock: not held
 	// B still holds it: true
 	// B releases: <nil>
+}
+
+// An observer hears of each acquisition with the attempts it took, each
+// give-up and each loss; here it prints them. (LockObserver in the module
+// github.com/stampede-go/stampede/otel records them as OpenTelemetry
+// metrics.)
+func ExampleWithObserver() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	key := uniqueKey("example:observer:invoice")
+	defer rdb.Del(ctx, key)
+	show := lock.WithObserver(func(e lock.Event) {
+		fmt.Printf("%s: attempts %d, error %v\n", e.Kind, e.Attempts, e.Err != nil)
+	})
+
+	a, _ := lock.Obtain(ctx, rdb, key, time.Minute, show)
+	retry := lock.WithRetry(lock.LimitRetry(lock.LinearBackoff(time.Millisecond), 2))
+	_, _ = lock.Obtain(ctx, rdb, key, time.Minute, show, retry)
+	rdb.Del(ctx, key) // A's lease is lost (an operator, an eviction)
+	_ = a.Release(ctx)
+	// Output:
+	// obtained: attempts 1, error false
+	// not_obtained: attempts 3, error true
+	// lost_at_release: attempts 0, error true
 }
 
 // To wait for a lock instead of skipping the work, retry: LinearBackoff

@@ -63,6 +63,7 @@ func (l *Lock) Hold(ctx context.Context, fn func(ctx context.Context) error) err
 		if l.watch(ctx, stop) {
 			close(lost)
 			cancel(ErrLost)
+			l.lost(EventLost, ErrLost) // unless the renewal that found it lost said so
 		}
 	}()
 	err := func() error {

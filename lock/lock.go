@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -72,6 +73,9 @@ type Lock struct {
 	released    chan struct{} // closed by Release, for quorum calls still in flight
 	releaseOnce sync.Once
 
+	observer func(Event) // WithObserver's; nil: none
+	lossSeen atomic.Bool // a loss was reported: no call reports another
+
 	mu         sync.Mutex    // protects ttl and validUntil
 	ttl        time.Duration // the lease last set, which Hold renews
 	validUntil time.Time     // until when the lease is surely ours, by the local clock
@@ -122,13 +126,26 @@ func newLock(masters []redis.Scripter, quorum int, cfg config, key string, ttl t
 		tokenLen: len(cfg.token),
 		released: make(chan struct{}),
 		ttl:      ttl,
+		observer: cfg.observer,
 	}
 }
 
-// obtain makes the first attempt and the retries the strategy allows. try
+// obtain makes the first attempt and the retries the strategy allows (see
+// attempt), and reports the outcome to the observers.
+func (l *Lock) obtain(ctx context.Context, retry RetryStrategy, try func(context.Context, bool) (bool, error), giveBack bool) error {
+	start, attempts := time.Now(), 0
+	err := l.attempt(ctx, retry, func(ctx context.Context, giveBack bool) (bool, error) {
+		attempts++
+		return try(ctx, giveBack)
+	}, giveBack)
+	l.reportObtain(start, attempts, err)
+	return err
+}
+
+// attempt makes the first attempt and the retries the strategy allows. try
 // reports whether the lock is now ours; an error from a single-master try
 // ends the call, an error from a quorum round is kept to explain a failure.
-func (l *Lock) obtain(ctx context.Context, retry RetryStrategy, try func(context.Context, bool) (bool, error), giveBack bool) error {
+func (l *Lock) attempt(ctx context.Context, retry RetryStrategy, try func(context.Context, bool) (bool, error), giveBack bool) error {
 	if ctx.Err() != nil {
 		return notObtained(ctx, l.key, nil)
 	}
@@ -239,7 +256,8 @@ func (l *Lock) Release(ctx context.Context) error {
 	if l == nil {
 		return ErrNotHeld
 	}
-	l.releaseOnce.Do(func() { close(l.released) })
+	first := false
+	l.releaseOnce.Do(func() { first = true; close(l.released) })
 	var err error
 	if l.redlock {
 		err = l.releaseQuorum(ctx)
@@ -248,6 +266,9 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		l.setValid(time.Time{}, l.lease())
+	}
+	if first { // a later Release finds the key gone by the first
+		l.lost(EventLostAtRelease, err)
 	}
 	return err
 }
@@ -275,6 +296,7 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 		l.setValid(start, ttl)
 	case errors.Is(err, ErrNotHeld):
 		l.setValid(time.Time{}, ttl)
+		l.lost(EventLost, err)
 	}
 	return err
 }
@@ -288,11 +310,15 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil {
 		return 0, ErrNotHeld
 	}
+	var d time.Duration
+	var err error
 	if l.redlock {
-		return l.ttlQuorum(ctx)
+		d, err = l.ttlQuorum(ctx)
+	} else {
+		d, err = pttl(lockPTTLScript.Run(ctx, l.masters[0], []string{l.key}, l.value).Int64())
 	}
-	n, err := lockPTTLScript.Run(ctx, l.masters[0], []string{l.key}, l.value).Int64()
-	return pttl(n, err)
+	l.lost(EventLost, err)
+	return d, err
 }
 
 func pttl(n int64, err error) (time.Duration, error) {

@@ -27,6 +27,7 @@ type config struct {
 	tokenSet   bool          // WithToken was given
 	quorumWait time.Duration // 0 until WithQuorumWait: a tenth of the TTL
 	waitSet    bool          // WithQuorumWait was given
+	observer   func(Event)   // nil: none
 	errs       []error       // what the options found wrong
 }
 
@@ -85,6 +86,32 @@ func WithQuorumWait(d time.Duration) Option {
 			c.errs = append(c.errs, fmt.Errorf("WithQuorumWait(%v): wait must be positive", d))
 		}
 		c.quorumWait, c.waitSet = d, true
+	}
+}
+
+// WithObserver sends the lock's events to fn: each acquisition and
+// give-up of the call, with how long it waited and how many attempts it
+// made, and for the Lock it returns, a loss found at a renewal or at
+// Release and the fence refusals the application reports (see [Event]).
+// The Lock keeps fn for its later events. fn is called synchronously, on
+// the caller's goroutine or the lock's own (Hold's watchdog), so it must be
+// quick, must not block, and must be safe for concurrent use. Given more
+// than once, every fn gets every event, in the order given (metrics and
+// logs, say). Default: none, at no cost.
+//
+// A panic in fn does not break the lock: it is recovered, the other
+// observers still get the event, and the call goes on as if fn had
+// returned. The lock has no error hook to hand the panic to: it is
+// dropped.
+func WithObserver(fn func(Event)) Option {
+	return func(c *config) {
+		if prev := c.observer; prev != nil && fn != nil {
+			c.observer = func(e Event) { defer fn(e); prev(e) } // deferred: fn gets e even if prev panics
+			return
+		}
+		if fn != nil {
+			c.observer = fn
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
-// Package cacheotel turns the events of a [cache.Cache] into OpenTelemetry
-// metrics. It is its own module, github.com/stampede-go/stampede/otel, so
-// that the cache package does not depend on OpenTelemetry:
+// Package cacheotel turns the events of a [cache.Cache], and of the
+// standalone lock, into OpenTelemetry metrics. It is its own module,
+// github.com/stampede-go/stampede/otel, so that the cache and lock
+// packages do not depend on OpenTelemetry:
 //
 //	obs, err := cacheotel.Observer("products") // the global MeterProvider
 //	if err != nil { ... }
@@ -32,6 +33,7 @@
 //	cache.breaker.transitions counter    {transition}  cache.breaker.state = open | closed
 //	cache.breaker.open        updown     {breaker}     1 while the breaker is open, 0 once closed
 //	cache.decode.errors       counter    {record}      a record the codec could not decode (another type or program)
+//	cache.decode.quarantined  counter    {flight}      a read of such a record answered with the value last loaded, no load
 //	cache.encode.errors       counter    {value}       a loaded value the codec could not encode: returned, not stored
 //	cache.loads.uncached      counter    {key}         a key loaded under FailOpen while Redis could not serve it
 //	cache.near.hits           counter    {hit}         a value served from the near cache, no Redis call
@@ -45,6 +47,19 @@
 //
 // The histograms' default buckets ([Buckets]) span 1 ms to 30 s; a View in
 // the MeterProvider can change them.
+//
+// # Lock metrics
+//
+// [LockObserver] does the same for the standalone lock (package lock, given
+// with lock.WithObserver to each Obtain, ObtainQuorum or Do): every data
+// point carries lock.name, the name given to it, never the key. The calls
+// that took a lock or gave up are counted by lock.wait.duration, as loads
+// are by cache.load.duration; losses are counted once per acquisition.
+//
+//	lock.wait.duration        histogram  s             lock.outcome = obtained | not_obtained | error: how long a call took
+//	lock.attempts             counter    {attempt}     lock.outcome: the attempts those calls made, retries included
+//	lock.losses               counter    {loss}        lock.lost.found = held (a renewal, TTL, Hold's lease run out) | release
+//	lock.fence.refusals       counter    {write}       a store refused a write under a lock's fence (Lock.FenceRefused)
 //
 // # Cost
 //

@@ -97,6 +97,8 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 			"Records read from Redis that the codec could not decode (another value type or program writes the keys), each treated as a miss."),
 		encodeErrors: counter("cache.encode.errors", "{value}",
 			"Loaded values the codec could not encode: returned to their callers, not stored."),
+		quarantined: counter("cache.decode.quarantined", "{flight}",
+			"Reads of a key whose record could not be decoded answered with the value last loaded for it instead of a load (the key is quarantined)."),
 		uncachedLoads: counter("cache.loads.uncached", "{key}",
 			"Keys loaded without Redis under FailOpen while Redis could not serve them: the database takes the cache's load."),
 		loadTime:    histogram("cache.load.duration", "Duration of the loader's calls, by outcome."),
@@ -134,7 +136,7 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 type observer struct {
 	lookups, contentions, woken, lockLost, loadVoided, staleServed, redisErrors, breaker metric.Int64Counter
 	nearHits, nearRemoved, nearDrops, nearLeaseWaits, decodeErrors                       metric.Int64Counter
-	encodeErrors, uncachedLoads                                                          metric.Int64Counter
+	encodeErrors, uncachedLoads, quarantined                                             metric.Int64Counter
 	breakerOpenNow                                                                       metric.Int64UpDownCounter
 	loadTime, waitTime, refreshTime, writeTime                                           metric.Float64Histogram
 
@@ -186,6 +188,8 @@ func (o *observer) observe(e cache.Event) {
 		o.encodeErrors.Add(ctx, 1, o.plain...)
 	case cache.EventUncachedLoad:
 		o.uncachedLoads.Add(ctx, 1, o.plain...)
+	case cache.EventQuarantined:
+		o.quarantined.Add(ctx, 1, o.plain...)
 	case cache.EventWrite:
 		o.writeTime.Record(ctx, e.Duration.Seconds(), o.outcome[outcomeOf(e.Err)]...)
 	case cache.EventNearHit:

@@ -304,6 +304,7 @@ func TestObserverEachKind(t *testing.T) {
 		{cache.Event{Kind: cache.EventDecodeError, Err: failed}, "cache.decode.errors", nil},
 		{cache.Event{Kind: cache.EventEncodeError, Err: failed}, "cache.encode.errors", nil},
 		{cache.Event{Kind: cache.EventUncachedLoad}, "cache.loads.uncached", nil},
+		{cache.Event{Kind: cache.EventQuarantined}, "cache.decode.quarantined", nil},
 		{cache.Event{Kind: 0}, "", nil},
 		{cache.Event{Kind: 200}, "", nil},
 	}
