@@ -216,7 +216,7 @@ func (c *Cache[V]) fetch(ctx context.Context, key string, load func(context.Cont
 	if !c.brk.Allow() {
 		return c.redisFailed(ctx, key, c.brk.Err(), load, o)
 	}
-	b, current, tracked, err := c.read(ctx, key)
+	b, current, tracked, err := c.read(ctx, key, false)
 	var miss verdict[V] // what the miss path reloads
 	var skip []byte     // bytes at key we could not decode, or must reload: a miss, to be replaced
 	switch c.readReply(key, err) {

@@ -31,7 +31,7 @@ func (c *Cache[V]) get(ctx context.Context, key string, o callOptions) (V, error
 	}
 	tk := c.nearTicket(key)
 	at := time.Now()
-	b, current, tracked, err := c.read(ctx, key)
+	b, current, tracked, err := c.read(ctx, key, true)
 	switch c.redisCall(key, err) {
 	case errNone:
 	default:

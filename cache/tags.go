@@ -143,12 +143,20 @@ func (c *Cache[V]) stampRead(_ string, b []byte, current func(record.Stamp) (boo
 // tracked says whether Redis reports the key's next write to this process
 // (see redisio.Client.TrackReads), which a per-key near cache needs to keep
 // the value.
-func (c *Cache[V]) read(ctx context.Context, key string) (b []byte, current func(record.Stamp) (bool, error), tracked bool, err error) {
+//
+// A read on a caller's own ctx (Get's) is detached on a per-key near
+// cache: a deadline that cut it short would close a tracked connection,
+// which drops the near cache (see redisio.Client.ReadDetached).
+func (c *Cache[V]) read(ctx context.Context, key string, callers bool) (b []byte, current func(record.Stamp) (bool, error), tracked bool, err error) {
+	read := c.redisio.Read
+	if callers && c.near != nil && c.near.perKey {
+		read = c.redisio.ReadDetached
+	}
 	if c.tags.OneTrip() {
 		tags, keys := c.tags.Guess(key)
-		rep := c.redisio.Read(ctx, key, keys)
+		rep := read(ctx, key, keys)
 		return rep.Val, c.tags.With(ctx, key, tags, keys, rep.Extra), rep.Tracked, rep.Err
 	}
-	rep := c.redisio.Read(ctx, key, nil)
+	rep := read(ctx, key, nil)
 	return rep.Val, func(st record.Stamp) (bool, error) { return c.tags.Current(ctx, st) }, rep.Tracked, rep.Err
 }

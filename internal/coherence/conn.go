@@ -265,7 +265,9 @@ func (h *Hub) apply(n *node, msg any) bool {
 // subscribed was missed. Hub.tmu is held for reading.
 func (h *Hub) confirm(n *node, m *redis.Subscription) {
 	if m.Kind == "subscribe" && m.Channel == invalidateChannel {
-		h.bindReader(n, n.base) // before the void: a read after it goes through the new reader
+		if h.hasPerKey() {
+			h.bindReader(n, n.base) // before the void: a read after it goes through the new reader
+		}
 		h.dropAllLocked(true)
 		n.subbed.Store(true)
 	}

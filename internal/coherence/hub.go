@@ -125,6 +125,9 @@ func (h *Hub) register(t *Tracker) {
 		} else {
 			restart(n)
 		}
+		if t.perKey && n.subbed.Load() && n.reader.Load() == nil {
+			h.bindReader(n, n.base) // the first per-key tracker: nothing read through a reader yet
+		}
 	}
 	h.mu.Unlock()
 	h.tmu.Unlock()
@@ -153,6 +156,11 @@ func (h *Hub) unregister(t *Tracker) {
 	}
 	h.publish()
 	h.mu.Lock()
+	if t.perKey && !h.hasPerKey() { // the last one: what the readers read need not be tracked
+		for _, n := range h.nodes {
+			h.stopReader(n)
+		}
+	}
 	for _, n := range h.nodes {
 		if len(gone) == 0 {
 			break // (no channels would unsubscribe every one)

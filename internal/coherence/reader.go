@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,6 +50,11 @@ const readerGrace = 10 * time.Second
 // voided: a read that takes its ticket after that void is sent through the
 // new reader. h.tmu is held for reading.
 func (h *Hub) bindReader(n *node, base *redis.Options) {
+	select {
+	case <-n.stopped: // (a confirmation that raced with the node's stop)
+		return
+	default:
+	}
 	r := &reader{sub: n.id.Load(), conns: map[int64]bool{}}
 	opt := readerOptions(base)
 	opt.OnConnect = readerOnConnect(r, base.OnConnect)
@@ -197,9 +203,23 @@ func closeNotifier(dial func(ctx context.Context, network, addr string) (net.Con
 		if err != nil {
 			return nil, err
 		}
-		return &notifyingConn{Conn: cn, closed: closed}, nil
+		nc := &notifyingConn{Conn: cn, closed: closed}
+		if sc, ok := cn.(syscall.Conn); ok {
+			return &notifyingSysConn{nc, sc}, nil
+		}
+		return nc, nil
 	}
 }
+
+// notifyingSysConn is a notifyingConn over a connection with a file
+// descriptor (TCP, Unix), which go-redis's pool checks when it hands the
+// connection out: one the server closed is then replaced before use.
+type notifyingSysConn struct {
+	*notifyingConn
+	sys syscall.Conn
+}
+
+func (c *notifyingSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 // notifyingConn is a reader's connection: its Close is reported.
 type notifyingConn struct {

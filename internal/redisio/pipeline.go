@@ -112,8 +112,7 @@ func (r *clusterRound) send(ctx context.Context, node *redis.Client, idx []int) 
 // asking is set preceded by ASKING (which holds for the next command only).
 // With tracked non-nil the commands are reads: they go through node's
 // tracked reader if route gives one (tracked[i] set), and again through
-// node if the reader failed on the wire (a reader that cannot connect must
-// not fail reads that node can serve).
+// node if the reader failed (see readerFailed).
 func sendVia(ctx context.Context, node redis.Cmdable, cmds []redis.Cmder, idx []int, tracked []bool, route func(*redis.Client) (*redis.Client, bool), asking ...bool) {
 	for _, i := range idx {
 		if tracked != nil {
@@ -123,7 +122,7 @@ func sendVia(ctx context.Context, node redis.Cmdable, cmds []redis.Cmder, idx []
 	if c, ok := node.(*redis.Client); ok && tracked != nil {
 		if rdr, ok := route(c); ok {
 			sendPipeline(ctx, rdr, cmds, idx, asking)
-			if !anyOnTheWire(cmds, idx) {
+			if !anyCmdFailed(cmds, idx) {
 				for _, i := range idx {
 					tracked[i] = true
 				}
@@ -153,10 +152,10 @@ func sendPipeline(ctx context.Context, node redis.Cmdable, cmds []redis.Cmder, i
 	unsent(sent, err)
 }
 
-// anyOnTheWire reports whether one of cmds[idx] failed on the wire.
-func anyOnTheWire(cmds []redis.Cmder, idx []int) bool {
+// anyCmdFailed reports whether one of cmds[idx] failed (see readerFailed).
+func anyCmdFailed(cmds []redis.Cmder, idx []int) bool {
 	for _, i := range idx {
-		if onTheWire(cmds[i].Err()) {
+		if readerFailed(cmds[i].Err()) {
 			return true
 		}
 	}

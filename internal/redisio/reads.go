@@ -73,20 +73,24 @@ type pendingRead struct {
 	done    chan struct{} // buffered: the sender never waits for a reader that left
 }
 
-// get is Client.Read.
+// get is Client.Read; with detached, Client.ReadDetached.
 // extra, the keys read with key, is for a single server only.
-func (co *coalescer) get(ctx context.Context, key string, extra []string) Reply {
+func (co *coalescer) get(ctx context.Context, key string, extra []string, detached bool) Reply {
 	if co.server == nil && co.masters == nil {
 		b, err := co.rdb.Get(ctx, key).Bytes()
 		return Reply{Val: b, Err: err}
 	}
 	co.mu.Lock()
-	if !co.busy { // nothing on the wire: go at once
+	start := false // the queue's sender: a batch of one, on a goroutine of its own
+	switch {
+	case !co.busy && !detached: // nothing on the wire: go at once
 		co.busy = true
 		co.mu.Unlock()
 		rep := co.single(ctx, key, extra)
 		co.done()
 		return rep
+	case !co.busy:
+		co.busy, start = true, true
 	}
 	r, _ := co.pool.Get().(*pendingRead)
 	if r == nil {
@@ -95,6 +99,9 @@ func (co *coalescer) get(ctx context.Context, key string, extra []string) Reply 
 	r.key, r.extra = key, extra
 	co.queue = append(co.queue, r)
 	co.mu.Unlock()
+	if start {
+		go co.drain()
+	}
 	select {
 	case <-r.done:
 		rep := Reply{Val: r.val, Extra: r.vals, Tracked: r.tracked && r.err == nil, Err: r.err}
@@ -119,12 +126,12 @@ func (co *coalescer) route(node *redis.Client) (*redis.Client, bool) {
 
 // sendVia fills reads, meant for node, through node's tracked reader if it
 // has one, and through node itself if it has none or the reader failed
-// without a reply from Redis (a reader that cannot connect must not fail
-// reads that node can serve).
+// (see readerFailed: a reader that cannot connect must not fail reads that
+// node can serve).
 func (co *coalescer) sendVia(node *redis.Client, reads []*pendingRead, send func(*redis.Client)) {
 	if rdr, ok := co.route(node); ok {
 		send(rdr)
-		if !failedOnTheWire(reads) {
+		if !anyReaderFailed(reads) {
 			for _, r := range reads {
 				r.tracked = true
 			}
@@ -137,21 +144,23 @@ func (co *coalescer) sendVia(node *redis.Client, reads []*pendingRead, send func
 	send(node)
 }
 
-// failedOnTheWire reports whether a read got an error other than Redis's
-// reply (a dial, a closed connection, a timeout).
-func failedOnTheWire(reads []*pendingRead) bool {
+// anyReaderFailed reports whether a read failed through a reader (see
+// readerFailed).
+func anyReaderFailed(reads []*pendingRead) bool {
 	for _, r := range reads {
-		if onTheWire(r.err) {
+		if readerFailed(r.err) {
 			return true
 		}
 	}
 	return false
 }
 
-// onTheWire reports whether err is a read's error other than Redis's reply
-// (a dial, a closed connection, a timeout).
-func onTheWire(err error) bool {
-	return err != nil && err != redis.Nil && !rediserr.IsReply(err)
+// readerFailed reports whether a read through a reader failed: on the wire
+// (a dial, a closed connection, a timeout) or with a reply that the user's
+// client would have retried (LOADING, TRYAGAIN: the reader retries
+// nothing). The read is then sent again through the user's client.
+func readerFailed(err error) bool {
+	return err != nil && err != redis.Nil
 }
 
 // single is a lone read, on the caller's ctx.
@@ -165,7 +174,7 @@ func (co *coalescer) single(ctx context.Context, key string, extra []string) Rep
 	}
 	if rdr, ok := co.route(rdb); ok {
 		rep := readOne(ctx, rdr, key, extra)
-		if !onTheWire(rep.Err) {
+		if !readerFailed(rep.Err) {
 			rep.Tracked = rep.Err == nil
 			return rep
 		}

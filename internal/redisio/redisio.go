@@ -49,7 +49,7 @@ func New(rdb redis.UniversalClient, batchContext func() context.Context, replica
 // ctx ends first. On a cluster a slot's MOVED, ASK or TRYAGAIN is returned
 // to its readers, not followed.
 func (cl *Client) Get(ctx context.Context, key string) ([]byte, error) {
-	rep := cl.reads.get(ctx, key, nil)
+	rep := cl.reads.get(ctx, key, nil, false)
 	return rep.Val, rep.Err
 }
 
@@ -68,7 +68,18 @@ func (cl *Client) Read(ctx context.Context, key string, extra []string) Reply {
 	if len(extra) > 0 && cl.reads.server == nil {
 		return Reply{Err: errors.New("cache: redis: a read with other keys needs a single-server client")}
 	}
-	return cl.reads.get(ctx, key, extra)
+	return cl.reads.get(ctx, key, extra, false)
+}
+
+// ReadDetached is Read, sent on a batch's context even when nothing else
+// is on the wire, so that a caller who leaves when ctx ends does not cut
+// the read short: go-redis closes a connection whose read a deadline cut,
+// and the close of a tracked reader's connection drops the near cache.
+func (cl *Client) ReadDetached(ctx context.Context, key string, extra []string) Reply {
+	if len(extra) > 0 && cl.reads.server == nil {
+		return Reply{Err: errors.New("cache: redis: a read with other keys needs a single-server client")}
+	}
+	return cl.reads.get(ctx, key, extra, true)
 }
 
 // TrackReads sends the reads of Read and Reads through via(node), node's
