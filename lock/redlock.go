@@ -127,50 +127,87 @@ func (l *Lock) round(ctx context.Context, deadline time.Time,
 	after func(i int, a answer, late bool),
 ) (answers []answer, finish func()) {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
-	over := make(chan struct{})
-	type reply struct {
-		i int
-		a answer
+	r := &roundState{
+		over:    make(chan struct{}),
+		replies: make(chan reply, len(l.masters)),
+		counted: make([]bool, len(l.masters)),
 	}
-	replies := make(chan reply, len(l.masters)) // never blocks a sender
-	counted := make([]bool, len(l.masters))     // written before over is closed
 	for i, m := range l.masters {
-		var prev, done chan struct{}
-		if busy != nil {
-			prev, done = busy[i], make(chan struct{})
-			busy[i] = done
-		}
-		go func() {
-			if done != nil {
-				defer close(done)
-			}
-			if prev != nil {
-				select {
-				case <-prev:
-				case <-rctx.Done():
-					<-prev // keep the chain: done closes after prev
-					return
-				}
-			}
-			n, err := call(rctx, m)
-			replies <- reply{i, answer{n, err}}
-			if after != nil {
-				<-over
-				after(i, answer{n, err}, !counted[i])
-			}
-		}()
+		prev, done := takeTurn(busy, i)
+		go r.ask(rctx, i, m, prev, done, call, after)
 	}
-	answers = make([]answer, len(l.masters))
+	answers = r.gather(ctx, rctx, settled)
+	return answers, func() { cancel(); close(r.over) }
+}
+
+// reply is master i's answer, as its goroutine sends it to the round.
+type reply struct {
+	i int
+	a answer
+}
+
+// roundState is what a round shares with its goroutines, one per master.
+type roundState struct {
+	over    chan struct{} // closed by finish: the round has decided
+	replies chan reply    // room for every master: never blocks a sender
+	counted []bool        // the answers gather counted; written before over is closed
+}
+
+// takeTurn queues this round's call on master i behind the previous round's
+// in busy: the call waits for prev (nil: nothing to wait for) and its
+// goroutine closes done when it ends. Without busy both are nil.
+func takeTurn(busy []chan struct{}, i int) (prev, done chan struct{}) {
+	if busy == nil {
+		return nil, nil
+	}
+	prev, done = busy[i], make(chan struct{})
+	busy[i] = done
+	return prev, done
+}
+
+// ask is the goroutine of master i: it waits for prev, runs call, sends the
+// answer to the round and, with after, runs after with it once the round
+// has decided. A round that ends while prev is still open leaves master i
+// unasked.
+func (r *roundState) ask(ctx context.Context, i int, m redis.Scripter, prev, done chan struct{},
+	call func(context.Context, redis.Scripter) (int64, error),
+	after func(i int, a answer, late bool),
+) {
+	if done != nil {
+		defer close(done)
+	}
+	if prev != nil {
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			<-prev // keep the chain: done closes after prev
+			return
+		}
+	}
+	n, err := call(ctx, m)
+	r.replies <- reply{i, answer{n, err}}
+	if after != nil {
+		<-r.over
+		after(i, answer{n, err}, !r.counted[i])
+	}
+}
+
+// gather collects the replies until every master answered, settled says the
+// outcome is known, or rctx (the round's deadline) ends. A master that did
+// not answer keeps errNoAnswer, or gets ctx's error when the caller's
+// context, not the wait, ended the round.
+func (r *roundState) gather(ctx, rctx context.Context, settled func(yes, no int) bool) []answer {
+	answers := make([]answer, len(r.counted))
 	for i := range answers {
 		answers[i].err = errNoAnswer
 	}
 	yes, no := 0, 0
 wait:
-	for left := len(l.masters); left > 0 && (settled == nil || !settled(yes, no)); left-- {
+	for left := len(answers); left > 0 && (settled == nil || !settled(yes, no)); left-- {
 		select {
-		case r := <-replies:
-			answers[r.i], counted[r.i] = r.a, true
-			if r.a.err == nil && r.a.n == 1 {
+		case rp := <-r.replies:
+			answers[rp.i], r.counted[rp.i] = rp.a, true
+			if rp.a.err == nil && rp.a.n == 1 {
 				yes++
 			} else {
 				no++
@@ -179,14 +216,14 @@ wait:
 			break wait
 		}
 	}
-	if err := ctx.Err(); err != nil { // the caller's context, not the wait, ended the round
+	if err := ctx.Err(); err != nil {
 		for i := range answers {
-			if !counted[i] {
+			if !r.counted[i] {
 				answers[i].err = err
 			}
 		}
 	}
-	return answers, func() { cancel(); close(over) }
+	return answers
 }
 
 // tryQuorum is one attempt of the Redlock algorithm (see [ObtainQuorum]).
@@ -204,13 +241,9 @@ func (l *Lock) tryQuorum(ctx context.Context, busy []chan struct{}) (bool, error
 	ttl := l.lease()
 	ms := leaseMillis(ttl)
 	start := time.Now()
-	validUntil := start.Add(ttl - clockDrift(ttl))
-	deadline := start.Add(l.wait)
-	if validUntil.Before(deadline) {
-		deadline = validUntil
-	}
+	validUntil, deadline := l.window(start, ttl)
 	keys := []string{l.key}
-	won := false // written before finish, read by after
+	won := false // written before finish, read by the clean-up
 	answers, finish := l.round(ctx, deadline, busy,
 		func(ctx context.Context, m redis.Scripter) (int64, error) {
 			return lockObtainScript.Run(ctx, m, keys, l.value, l.tokenLen, ms).Int64()
@@ -219,17 +252,7 @@ func (l *Lock) tryQuorum(ctx context.Context, busy []chan struct{}) (bool, error
 		// is set on as many as answer within the wait; give up early once
 		// a majority is out of reach.
 		func(yes, no int) bool { return no > len(l.masters)-l.quorum },
-		func(i int, a answer, late bool) {
-			switch {
-			case a.err == nil && a.n == 0:
-				return // not ours
-			case won && !late:
-				return // part of the lock: Release will see to it
-			case won && !isClosed(l.released):
-				return // granted late, but the lock is still held: Release will see to it
-			}
-			l.releaseOn(ctx, l.masters[i]) // a failed attempt, or granted after Release
-		})
+		l.cleanUp(ctx, &won))
 	yes := granted(answers)
 	elapsed := time.Since(start)
 	won = yes >= l.quorum && time.Now().Before(validUntil)
@@ -244,6 +267,36 @@ func (l *Lock) tryQuorum(ctx context.Context, busy []chan struct{}) (bool, error
 			elapsed.Round(time.Millisecond), ttl, clockDrift(ttl)))
 	}
 	return false, errors.Join(errs...)
+}
+
+// window is when a lease of ttl asked for at start stops being valid on the
+// client's clock (ttl less the clock drift), and when its round stops
+// waiting for the masters: the quorum wait, or the validity if it ends first.
+func (l *Lock) window(start time.Time, ttl time.Duration) (validUntil, deadline time.Time) {
+	validUntil = start.Add(ttl - clockDrift(ttl))
+	deadline = start.Add(l.wait)
+	if validUntil.Before(deadline) {
+		deadline = validUntil
+	}
+	return validUntil, deadline
+}
+
+// cleanUp is an attempt's after (see round): it releases master i's grant
+// unless that grant is part of the lock the attempt won (*won, read once the
+// round has decided) and the lock is still held. A grant counted in a won
+// lock, or one that came late while the lock is held, is Release's to undo.
+func (l *Lock) cleanUp(ctx context.Context, won *bool) func(i int, a answer, late bool) {
+	return func(i int, a answer, late bool) {
+		switch {
+		case a.err == nil && a.n == 0:
+			return // not ours
+		case *won && !late:
+			return // part of the lock: Release will see to it
+		case *won && !isClosed(l.released):
+			return // granted late, but the lock is still held: Release will see to it
+		}
+		l.releaseOn(ctx, l.masters[i]) // a failed attempt, or granted after Release
+	}
 }
 
 // releaseOn releases the lock on one master, bounded by the lease (after
@@ -273,11 +326,7 @@ func (l *Lock) releaseQuorum(ctx context.Context) error {
 func (l *Lock) refreshQuorum(ctx context.Context, start time.Time, ttl time.Duration) error {
 	ms := leaseMillis(ttl)
 	keys := []string{l.key}
-	validUntil := start.Add(ttl - clockDrift(ttl))
-	deadline := start.Add(l.wait)
-	if validUntil.Before(deadline) {
-		deadline = validUntil
-	}
+	validUntil, deadline := l.window(start, ttl)
 	answers, finish := l.round(ctx, deadline, nil,
 		func(ctx context.Context, m redis.Scripter) (int64, error) {
 			return lockRefreshScript.Run(ctx, m, keys, l.value, ms).Int64()
