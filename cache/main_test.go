@@ -8,13 +8,12 @@ import (
 	"os"
 	"testing"
 
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv(childModeEnv); mode != "" {
-		os.Exit(runChild(mode))
-	}
+	proctest.RunChild(childModes)
 	if err := redistest.Export(); err != nil { // the examples read REDIS_ADDR
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -9,9 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,29 +18,25 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-const childModeEnv = "STAMPEDE_TEST_CHILD"
+// childModes are the child programs of the multi-process tests, by mode.
+var childModes = map[string]proctest.Mode{
+	"stampede": runStampedeChild,
+	"hold":     runHoldChild,
+}
 
-// runChild is the child side. It reads its orders from the environment,
-// reports on stdout one line per event, and returns the exit code.
-//
-//	stampede: print "ready", wait for a line on stdin, run CALLERS goroutines
-//	          on KEY with a loader that INCRs KEY:loads and sleeps DELAY,
-//	          print "done <errors>".
-//	hold:     take KEY's lock by loading with a loader that prints "loading",
-//	          sleeps LOAD_FOR and returns product{ID: VALUE}; print
-//	          "returned <id>".
-func runChild(mode string) int {
-	env := func(k string) string { return os.Getenv("CHILD_" + k) }
-	dur := func(k string) time.Duration { d, _ := time.ParseDuration(env(k)); return d }
+// childCache is a child's Cache on the Redis at env("REDIS"), with the
+// lock TTL env("LOCK_TTL"); it reports lost locks and voided loads on
+// stdout ("event <kind>", "hook <error>").
+func childCache(env func(string) string) (*redis.Client, *Cache[product]) {
 	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS")})
-	defer rdb.Close()
-	c := New[product](rdb, WithLockTTL(dur("LOCK_TTL")), WithRetry(200, 50*time.Millisecond),
+	c := New[product](rdb, WithLockTTL(childDuration(env, "LOCK_TTL")), WithRetry(200, 50*time.Millisecond),
 		WithObserver(func(e Event) {
 			if e.Kind == EventLockLost || e.Kind == EventLoadVoided {
 				fmt.Println("event", e.Kind)
@@ -53,127 +47,91 @@ func runChild(mode string) int {
 				fmt.Println("hook", err)
 			}
 		}))
+	return rdb, c
+}
+
+func childDuration(env func(string) string, k string) time.Duration {
+	d, _ := time.ParseDuration(env(k))
+	return d
+}
+
+// runStampedeChild prints "ready", waits for a line on stdin, runs CALLERS
+// goroutines on KEY with a loader that INCRs KEY:loads and sleeps DELAY,
+// and prints "done <errors>".
+func runStampedeChild(env func(string) string) int {
+	rdb, c := childCache(env)
+	defer rdb.Close()
 	key := env("KEY")
 	ctx := context.Background()
-
-	switch mode {
-	case "stampede":
-		callers, _ := strconv.Atoi(env("CALLERS"))
-		fmt.Println("ready")
-		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-			return 2
-		}
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		errs := 0
-		for range callers {
-			wg.Go(func() {
-				_, err := c.GetOrLoad(ctx, key, func(ctx context.Context) (product, error) {
-					rdb.Incr(ctx, key+":loads")
-					time.Sleep(dur("DELAY"))
-					return product{ID: "p1", Price: os.Getpid()}, nil
-				})
-				if err != nil {
-					mu.Lock()
-					errs++
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
-		fmt.Println("done", errs)
-	case "hold":
-		v, err := c.GetOrLoad(ctx, key, func(ctx context.Context) (product, error) {
-			fmt.Println("loading")
-			time.Sleep(dur("LOAD_FOR"))
-			return product{ID: env("VALUE")}, nil
-		})
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		fmt.Println("returned", v.ID)
-	default:
+	callers, _ := strconv.Atoi(env("CALLERS"))
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return 2
 	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	errs := 0
+	for range callers {
+		wg.Go(func() {
+			_, err := c.GetOrLoad(ctx, key, func(ctx context.Context) (product, error) {
+				rdb.Incr(ctx, key+":loads")
+				time.Sleep(childDuration(env, "DELAY"))
+				return product{ID: "p1", Price: os.Getpid()}, nil
+			})
+			if err != nil {
+				mu.Lock()
+				errs++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("done", errs)
 	return 0
 }
 
-// child is a running child process of the test binary.
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-}
-
-func startChild(t *testing.T, mode string, env map[string]string) *child {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childModeEnv+"="+mode)
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, "CHILD_"+k+"="+v)
-	}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	c := &child{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			c.lines <- s.Text()
-		}
-		close(c.lines)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT) // a frozen child cannot die
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+// runHoldChild takes KEY's lock by loading with a loader that prints
+// "loading", sleeps LOAD_FOR and returns product{ID: VALUE}; then it prints
+// "returned <id>".
+func runHoldChild(env func(string) string) int {
+	rdb, c := childCache(env)
+	defer rdb.Close()
+	v, err := c.GetOrLoad(context.Background(), env("KEY"), func(ctx context.Context) (product, error) {
+		fmt.Println("loading")
+		time.Sleep(childDuration(env, "LOAD_FOR"))
+		return product{ID: env("VALUE")}, nil
 	})
-	return c
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Println("returned", v.ID)
+	return 0
 }
 
-// expect waits for the child's next line and checks its first word.
-func (c *child) expect(t *testing.T, word string) string {
-	t.Helper()
-	select {
-	case line, ok := <-c.lines:
-		if !ok {
-			t.Fatalf("child exited while the test waited for %q", word)
-		}
-		if !strings.HasPrefix(line, word) {
-			t.Fatalf("child said %q; want %q", line, word)
-		}
-		return strings.TrimSpace(strings.TrimPrefix(line, word))
-	case <-time.After(30 * time.Second):
-		t.Fatalf("child did not say %q within 30s", word)
-	}
-	return ""
-}
+// childSays is how long a test waits for a child's next line.
+const childSays = 30 * time.Second
 
 func TestProcessesLoadOnce(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "hot"
 	const procs, callers = 4, 50
-	var children []*child
+	var children []*proctest.Child
 	for range procs {
-		children = append(children, startChild(t, "stampede", map[string]string{
+		children = append(children, proctest.Start(t, "stampede", map[string]string{
 			"REDIS": redistest.Addr(t), "KEY": key, "CALLERS": strconv.Itoa(callers),
 			"DELAY": "300ms", "LOCK_TTL": "2s",
 		}))
 	}
 	for _, c := range children {
-		c.expect(t, "ready")
+		c.Expect(t, "ready", childSays)
 	}
 	for _, c := range children {
-		_, err := io.WriteString(c.stdin, "go\n")
-		require.NoError(t, err)
+		c.Send(t, "go")
 	}
 	for i, c := range children {
-		if errs := c.expect(t, "done"); errs != "0" {
+		if errs := c.Expect(t, "done", childSays); errs != "0" {
 			t.Errorf("child %d: %s of %d callers failed", i, errs, callers)
 		}
 	}
@@ -240,12 +198,12 @@ func TestCrashedHolderBlocksOthersAtMostLockTTL(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
 	const lockTTL = time.Second
-	holder := startChild(t, "hold", map[string]string{
+	holder := proctest.Start(t, "hold", map[string]string{
 		"REDIS": redistest.Addr(t), "KEY": key, "LOCK_TTL": lockTTL.String(), "LOAD_FOR": "1h", "VALUE": "never",
 	})
-	holder.expect(t, "loading")
-	require.NoError(t, holder.cmd.Process.Kill())
-	_ = holder.cmd.Wait()
+	holder.Expect(t, "loading", childSays)
+	require.NoError(t, holder.Process().Kill())
+	_ = holder.Wait()
 
 	start := time.Now()
 	src := &counter{}
@@ -266,11 +224,11 @@ func TestFrozenHolderCannotOverwriteNewerValue(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "k"
 	const lockTTL = 300 * time.Millisecond
-	holder := startChild(t, "hold", map[string]string{
+	holder := proctest.Start(t, "hold", map[string]string{
 		"REDIS": redistest.Addr(t), "KEY": key, "LOCK_TTL": lockTTL.String(), "LOAD_FOR": "1s", "VALUE": "old",
 	})
-	holder.expect(t, "loading")
-	require.NoError(t, holder.cmd.Process.Signal(syscall.SIGSTOP))
+	holder.Expect(t, "loading", childSays)
+	require.NoError(t, holder.Process().Signal(syscall.SIGSTOP))
 	time.Sleep(2 * lockTTL) // the frozen watchdog cannot extend the lease
 
 	c := New[product](rdb, WithLockTTL(lockTTL), WithRetry(100, 20*time.Millisecond))
@@ -278,12 +236,12 @@ func TestFrozenHolderCannotOverwriteNewerValue(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "new", v.ID)
 
-	require.NoError(t, holder.cmd.Process.Signal(syscall.SIGCONT))
+	require.NoError(t, holder.Process().Signal(syscall.SIGCONT))
 	// A real loss, not a write winning over the load: an error, not just an event.
-	assert.Equal(t, "lock_lost", holder.expect(t, "event"))
-	assert.Contains(t, holder.expect(t, "hook"), "its lock ran out")
-	assert.Equal(t, "old", holder.expect(t, "returned"), "the frozen holder's own caller gets what it loaded")
-	require.NoError(t, holder.cmd.Wait())
+	assert.Equal(t, "lock_lost", holder.Expect(t, "event", childSays))
+	assert.Contains(t, holder.Expect(t, "hook", childSays), "its lock ran out")
+	assert.Equal(t, "old", holder.Expect(t, "returned", childSays), "the frozen holder's own caller gets what it loaded")
+	require.NoError(t, holder.Wait())
 
 	raw, err := rdb.Get(t.Context(), key).Bytes()
 	require.NoError(t, err)

@@ -1,5 +1,5 @@
 // This file holds the suite's shared pieces: TestMain with the leak
-// check (and the child mode, runChild), simulated processes (one Redis client and one Cache each), a
+// check (and the child modes), simulated processes (one Redis client and one Cache each), a
 // counting loader, an in-process toxiproxy and small wait helpers.
 package reliability_test
 
@@ -21,13 +21,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv(childModeEnv); mode != "" {
-		os.Exit(runChild(mode)) // a re-executed test binary: see runChild
-	}
+	proctest.RunChild(childModes)
 	// Most tests here wait (for Sentinels, clusters, lock leases, loaders that
 	// sleep) far more than they compute: those marked t.Parallel run six at
 	// a time unless -parallel says otherwise (its default, GOMAXPROCS, is 2

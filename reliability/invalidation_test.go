@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -213,9 +214,9 @@ func TestDeleteInAnotherProcess(t *testing.T) {
 	ctx := context.Background()
 	const children, readers, rounds = 3, 4, 6
 	const delay, tick = 200 * time.Millisecond, 2 * time.Millisecond
-	var kids []*child
+	var kids []*proctest.Child
 	for range children {
-		kids = append(kids, startChild(t, "reader", map[string]string{
+		kids = append(kids, proctest.Start(t, "reader", map[string]string{
 			"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds),
 			"TICK": tick.String(), "READERS": strconv.Itoa(readers), "DELAY": delay.String(),
 		}))
@@ -230,10 +231,10 @@ func TestDeleteInAnotherProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, k := range kids {
-			k.expect(t, "ready", 30*time.Second)
+			k.Expect(t, "ready", 30*time.Second)
 		}
 		for _, k := range kids {
-			k.send(t, "go")
+			k.Send(t, "go")
 		}
 		eventually(t, 10*time.Second, "a child loads v1", func() bool {
 			n, _ := direct.Get(ctx, rk("loads")).Int()
@@ -257,7 +258,7 @@ func TestDeleteInAnotherProcess(t *testing.T) {
 			var rr, n, ra, rs, re int64
 			var lateNs int64
 			var first string
-			line := k.expect(t, "done", 30*time.Second)
+			line := k.Expect(t, "done", 30*time.Second)
 			if _, err := fmt.Sscan(line, &rr, &n, &ra, &rs, &re, &lateNs); err != nil || rr != int64(r) {
 				t.Fatalf("child %d: done %q: %v", i, line, err)
 			}

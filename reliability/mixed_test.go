@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -49,22 +50,22 @@ func mixedRounds(t *testing.T, rounds int, stop bool) (old, hits, leaseWaits int
 		}))
 	t.Cleanup(func() { writer.Close() })
 	const readers = 3
-	kids := make([]*child, readers)
+	kids := make([]*proctest.Child, readers)
 	for i := range kids {
-		kids[i] = startChild(t, "near-reader", map[string]string{"REDIS": px.Addr(), "PREFIX": p, "ROUNDS": strconv.Itoa(rounds)})
+		kids[i] = proctest.Start(t, "near-reader", map[string]string{"REDIS": px.Addr(), "PREFIX": p, "ROUNDS": strconv.Itoa(rounds)})
 	}
 	for r := range rounds {
 		key := "k" + strconv.Itoa(r)
 		setRetrying(t, writer, key, "old")
 		for _, k := range kids {
-			k.expect(t, "ready", 10*time.Second)
-			k.send(t, "go "+key)
+			k.Expect(t, "ready", 10*time.Second)
+			k.Send(t, "go "+key)
 		}
 		for _, k := range kids {
-			k.expect(t, "warm", 20*time.Second) // serving from memory
+			k.Expect(t, "warm", 20*time.Second) // serving from memory
 		}
 		if stop {
-			frozen := kids[r%readers].cmd.Process
+			frozen := kids[r%readers].Process()
 			if err := frozen.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
@@ -80,10 +81,10 @@ func mixedRounds(t *testing.T, rounds int, stop bool) (old, hits, leaseWaits int
 		}
 		time.Sleep(wait)
 		for _, k := range kids {
-			k.send(t, "stop "+strconv.FormatInt(done, 10))
+			k.Send(t, "stop "+strconv.FormatInt(done, 10))
 		}
 		for _, k := range kids {
-			f := strings.Fields(k.expect(t, "result", 10*time.Second))
+			f := strings.Fields(k.Expect(t, "result", 10*time.Second))
 			h, _ := strconv.ParseInt(f[1], 10, 64)
 			o, _ := strconv.ParseInt(f[2], 10, 64)
 			hits, old = hits+h, old+o

@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -119,9 +120,9 @@ func invalidationRounds(tb testing.TB, rounds int, run nearRun) nearWriter {
 		}))...)
 	tb.Cleanup(func() { writer.Close() })
 	const readers = 3
-	kids := make([]*child, readers)
+	kids := make([]*proctest.Child, readers)
 	for i := range kids {
-		kids[i] = startChild(tb, "near-reader", map[string]string{"REDIS": readerAddr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds), "EVENTUAL": strconv.FormatBool(eventual), "OP": string(op)})
+		kids[i] = proctest.Start(tb, "near-reader", map[string]string{"REDIS": readerAddr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds), "EVENTUAL": strconv.FormatBool(eventual), "OP": string(op)})
 	}
 	if fault == faultKill {
 		stop := make(chan struct{})
@@ -134,17 +135,17 @@ func invalidationRounds(tb testing.TB, rounds int, run nearRun) nearWriter {
 		key := "k" + strconv.Itoa(r)
 		replace(tb, writer, direct, op, p, key, "old")
 		for _, k := range kids {
-			k.expect(tb, "ready", 10*time.Second)
-			k.send(tb, "go "+key)
+			k.Expect(tb, "ready", 10*time.Second)
+			k.Send(tb, "go "+key)
 		}
 		for _, k := range kids {
-			k.expect(tb, "warm", 20*time.Second) // serving from memory
+			k.Expect(tb, "warm", 20*time.Second) // serving from memory
 		}
 		switch fault {
 		case faultKill: // and once right before the write: its invalidation is surely lost
 			killNearConnsOnce(direct)
 		case faultStop, faultFreeze:
-			frozen := kids[r%readers].cmd.Process
+			frozen := kids[r%readers].Process()
 			if err := frozen.Signal(syscall.SIGSTOP); err != nil {
 				tb.Fatal(err)
 			}
@@ -163,10 +164,10 @@ func invalidationRounds(tb testing.TB, rounds int, run nearRun) nearWriter {
 		wait += stopFor(fault)         // and a frozen one has been running again for as long
 		time.Sleep(wait)
 		for _, k := range kids {
-			k.send(tb, "stop "+strconv.FormatInt(done, 10))
+			k.Send(tb, "stop "+strconv.FormatInt(done, 10))
 		}
 		for _, k := range kids {
-			f := strings.Fields(k.expect(tb, "result", 10*time.Second))
+			f := strings.Fields(k.Expect(tb, "result", 10*time.Second))
 			var nr nearRound
 			nr.reads, _ = strconv.ParseInt(f[0], 10, 64)
 			nr.nearHits, _ = strconv.ParseInt(f[1], 10, 64)

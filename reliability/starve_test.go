@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -37,13 +38,13 @@ func TestBusyReadersDoNotMakeWritesWaitOutTheirLease(t *testing.T) {
 	}
 	// Three processes of 64 goroutines reading those keys from memory
 	// without pause: more than the cores.
-	kids := make([]*child, 3)
+	kids := make([]*proctest.Child, 3)
 	for i := range kids {
-		kids[i] = startChild(t, "scale-holder", map[string]string{"REDIS": addr, "PREFIX": p, "NEAR": "strict", "KEYS": "k",
+		kids[i] = proctest.Start(t, "scale-holder", map[string]string{"REDIS": addr, "PREFIX": p, "NEAR": "strict", "KEYS": "k",
 			"NKEYS": strconv.Itoa(nkeys), "CACHES": "1", "READERS": "64"})
 	}
 	for _, k := range kids {
-		k.expect(t, "ready", 60*time.Second)
+		k.Expect(t, "ready", 60*time.Second)
 	}
 	time.Sleep(nearLease) // past the registry's first lease
 	leaseWaits.Store(0)

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -135,9 +136,9 @@ func TestDeleteByTagKeepsOtherTagsAcrossProcesses(t *testing.T) {
 	writer := cache.New[string](newClient(t, addr, nil), cache.WithPrefix(p), cache.WithTags(), cache.WithNearCache(1<<20))
 	t.Cleanup(func() { writer.Close() })
 	const readers, rounds = 3, 3
-	kids := make([]*child, readers)
+	kids := make([]*proctest.Child, readers)
 	for i := range kids {
-		kids[i] = startChild(t, "tag-reader", map[string]string{"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds)})
+		kids[i] = proctest.Start(t, "tag-reader", map[string]string{"REDIS": addr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds)})
 	}
 	ctx := context.Background()
 	source := func(key, v string) {
@@ -151,11 +152,11 @@ func TestDeleteByTagKeepsOtherTagsAcrossProcesses(t *testing.T) {
 		source(keyT, "old")
 		source(keyU, "u")
 		for _, k := range kids {
-			k.expect(t, "ready", 10*time.Second)
-			k.send(t, "go "+keyT+" "+keyU)
+			k.Expect(t, "ready", 10*time.Second)
+			k.Send(t, "go "+keyT+" "+keyU)
 		}
 		for _, k := range kids {
-			k.expect(t, "warm", 20*time.Second)
+			k.Expect(t, "warm", 20*time.Second)
 		}
 		source(keyT, "new")
 		if err := writer.DeleteByTag(ctx, "tag:"+keyT); err != nil {
@@ -164,10 +165,10 @@ func TestDeleteByTagKeepsOtherTagsAcrossProcesses(t *testing.T) {
 		done := time.Now().UnixNano()
 		time.Sleep(300 * time.Millisecond) // every reader has read again since
 		for _, k := range kids {
-			k.send(t, "stop "+strconv.FormatInt(done, 10))
+			k.Send(t, "stop "+strconv.FormatInt(done, 10))
 		}
 		for i, k := range kids {
-			f := strings.Fields(k.expect(t, "result", 10*time.Second))
+			f := strings.Fields(k.Expect(t, "result", 10*time.Second))
 			n, _ := strconv.ParseInt(f[0], 10, 64)
 			o, _ := strconv.ParseInt(f[1], 10, 64)
 			reads, old = reads+n, old+o

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -79,35 +80,35 @@ func TestVersionedSetAcrossProcesses(t *testing.T) {
 			addr := redistest.Addr(t)
 			p := redistest.Prefix(t, newClient(t, addr, nil))
 			env := map[string]string{"REDIS": addr, "PREFIX": p, "NEAR": near}
-			older, newer := startChild(t, "versioned-writer", env), startChild(t, "versioned-writer", env)
+			older, newer := proctest.Start(t, "versioned-writer", env), proctest.Start(t, "versioned-writer", env)
 			const within = 30 * time.Second
-			for _, w := range []*child{older, newer} {
-				w.expect(t, "ready", within)
+			for _, w := range []*proctest.Child{older, newer} {
+				w.Expect(t, "ready", within)
 			}
 			const rounds = 100
 			refused := 0
 			for i := range rounds {
 				key := "k" + strconv.Itoa(i)
 				// Both hold the key in memory first.
-				older.send(t, "set "+key+" v0 0")
-				older.expect(t, "set ok", within)
-				for _, w := range []*child{older, newer} {
-					w.send(t, "get "+key)
-					if got := w.expect(t, "got", within); got != "v0" {
+				older.Send(t, "set "+key+" v0 0")
+				older.Expect(t, "set ok", within)
+				for _, w := range []*proctest.Child{older, newer} {
+					w.Send(t, "get "+key)
+					if got := w.Expect(t, "got", within); got != "v0" {
 						t.Fatalf("round %d: read %q; want v0", i, got)
 					}
 				}
-				newer.send(t, "set "+key+" v2 2")
-				newer.expect(t, "set ok", within)
-				older.send(t, "set "+key+" v1 1")
-				if got := older.expect(t, "set", within); got == "refused" {
+				newer.Send(t, "set "+key+" v2 2")
+				newer.Expect(t, "set ok", within)
+				older.Send(t, "set "+key+" v1 1")
+				if got := older.Expect(t, "set", within); got == "refused" {
 					refused++
 				} else {
 					t.Errorf("round %d: the older Set, after the newer one returned: %q; want refused", i, got)
 				}
-				for _, w := range []*child{older, newer} {
-					w.send(t, "get "+key)
-					if got := w.expect(t, "got", within); got != "v2" {
+				for _, w := range []*proctest.Child{older, newer} {
+					w.Send(t, "get "+key)
+					if got := w.Expect(t, "got", within); got != "v2" {
 						t.Fatalf("round %d: a process read %q after both Sets returned; want v2", i, got)
 					}
 				}

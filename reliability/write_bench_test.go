@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
@@ -120,15 +121,15 @@ func benchWrite(b *testing.B, procs int, near, freeze bool) {
 	w := cache.New[string](newClient(b, addr, nil), opts...)
 	defer w.Close()
 	ctx := context.Background()
-	kids := make([]*child, procs)
+	kids := make([]*proctest.Child, procs)
 	for i := range kids {
-		kids[i] = startChild(b, "near-holder", map[string]string{"REDIS": addr, "PREFIX": p})
+		kids[i] = proctest.Start(b, "near-holder", map[string]string{"REDIS": addr, "PREFIX": p})
 	}
 	for _, k := range kids {
-		k.expect(b, "ready", 20*time.Second)
+		k.Expect(b, "ready", 20*time.Second)
 	}
 	if freeze {
-		if err := kids[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		if err := kids[0].Process().Signal(syscall.SIGSTOP); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stampede-go/stampede/cache"
+	"github.com/stampede-go/stampede/internal/proctest"
 )
 
 func init() { childModes["scale-holder"] = runScaleHolderChild }
@@ -167,12 +168,12 @@ func benchScale(b *testing.B, r scaleRow) {
 		procs = readProcs
 		env["READERS"] = strconv.Itoa(readGoroutines)
 	}
-	kids := make([]*child, procs)
+	kids := make([]*proctest.Child, procs)
 	for i := range kids {
-		kids[i] = startChild(b, "scale-holder", env)
+		kids[i] = proctest.Start(b, "scale-holder", env)
 	}
 	for _, k := range kids {
-		k.expect(b, "ready", 60*time.Second)
+		k.Expect(b, "ready", 60*time.Second)
 	}
 	// Past the registry's first lease (a new registry makes the first
 	// writes wait out one lease), and time for the holders to read every
