@@ -25,80 +25,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// roundHook records the round trips a client makes: one entry per pipeline
-// (its command names) or single command.
-type roundHook struct {
-	mu     sync.Mutex // protects rounds
-	rounds [][]string
-}
-
-func recordRounds(rdb *redis.Client) *roundHook {
-	h := &roundHook{}
-	rdb.AddHook(h)
-	return h
-}
-
-func (h *roundHook) reset() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.rounds = nil
-}
-
-// count returns the number of rounds and of commands named name in them.
-func (h *roundHook) count(name string) (rounds, cmds int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, r := range h.rounds {
-		n := 0
-		for _, c := range r {
-			if c == name {
-				n++
-			}
-		}
-		if n > 0 {
-			rounds++
-			cmds += n
-		}
-	}
-	return rounds, cmds
-}
-
-// total is the number of rounds, not counting the handshakes of new
-// connections (HELLO, CLIENT SETINFO).
-func (h *roundHook) total() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, r := range h.rounds {
-		if r[0] != "hello" && r[0] != "client" {
-			n++
-		}
-	}
-	return n
-}
-
-func (h *roundHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *roundHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		h.rounds = append(h.rounds, []string{cmd.Name()})
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (h *roundHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		names := make([]string, len(cmds))
-		for i, c := range cmds {
-			names[i] = c.Name()
-		}
-		h.mu.Lock()
-		h.rounds = append(h.rounds, names)
-		h.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-
 // source is a loadMany that records the keys of each call and returns a
 // product per key, except those in absent; it can hold each call until
 // released.
@@ -188,7 +114,7 @@ func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
 		}
 		require.NoError(t, c.Set(t.Context(), k, product{ID: k, Price: -1}))
 	}
-	rounds := recordRounds(rdb)
+	rounds := redistest.RecordRounds(rdb)
 	src := &source{}
 
 	got, err := c.GetOrLoadMany(t.Context(), keys, src.loadMany)
@@ -204,13 +130,13 @@ func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
 		}
 		assert.Equal(t, want, got[k], "GetOrLoadMany()[%q]", k)
 	}
-	getRounds, gets := rounds.count("get")
-	lockRounds, scripts := rounds.count("evalsha")
+	getRounds, gets := rounds.Count("get")
+	lockRounds, scripts := rounds.Count("evalsha")
 	assert.Equal(t, 1, getRounds, "GET rounds")
 	assert.Equal(t, 100, gets, "GETs")
 	assert.Equal(t, 2, lockRounds, "script rounds: one read-or-lock, one commit")
 	assert.Equal(t, 20, scripts, "scripts: a read-or-lock and a commit per cold key")
-	assert.Equal(t, 3, rounds.total(), "round trips for the batch: %q", rounds.rounds)
+	assert.Equal(t, 3, rounds.Total(), "round trips for the batch: %q", rounds.Rounds())
 	assert.Equal(t, int64(90), ev[EventHit].Load(), "hits")
 	assert.Equal(t, int64(10), ev[EventMiss].Load(), "misses")
 	assert.Equal(t, int64(1), ev[EventLoad].Load(), "loads")
@@ -220,12 +146,12 @@ func TestGetOrLoadManyLoadsOnlyTheColdKeysInThreeRounds(t *testing.T) {
 	}
 
 	// Warm: one round, no load.
-	rounds.reset()
+	rounds.Reset()
 	got, err = c.GetOrLoadMany(t.Context(), keys, src.loadMany)
 	require.NoError(t, err)
 	assert.Len(t, got, 100)
 	assert.Len(t, src.callKeys(), 1, "a warm batch must not load")
-	assert.Equal(t, 1, rounds.total(), "round trips for a warm batch")
+	assert.Equal(t, 1, rounds.Total(), "round trips for a warm batch")
 }
 
 func TestGetOrLoadManyWatchdogKeepsASlowLoadSingle(t *testing.T) {
@@ -254,7 +180,7 @@ func TestGetOrLoadManyReloadsMissingScripts(t *testing.T) {
 	srv := redistest.PrivateServer(t, "TestGetOrLoadManyReloadsMissingScripts empties the server's script cache")
 	rdb := redistest.Client(t, srv.Addr)
 	require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
-	rounds := recordRounds(rdb)
+	rounds := redistest.RecordRounds(rdb)
 	c := New[product](rdb, WithoutNearCache()) // counts every script the client sends
 	keys := names("", 4)
 	src := &source{}
@@ -262,9 +188,9 @@ func TestGetOrLoadManyReloadsMissingScripts(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, got, 4)
 	assert.Equal(t, int64(4), rdb.Exists(t.Context(), keys...).Val(), "values stored")
-	_, loads := rounds.count("script")
+	_, loads := rounds.Count("script")
 	assert.Equal(t, 2, loads, "SCRIPT LOAD of read-or-lock and commit, once each")
-	evalRounds, _ := rounds.count("evalsha")
+	evalRounds, _ := rounds.Count("evalsha")
 	assert.Equal(t, 4, evalRounds, "read-or-lock and commit rounds, each sent again once")
 }
 
@@ -322,7 +248,7 @@ func TestGetOrLoadManySharesItsLoadWithGetOrLoad(t *testing.T) {
 		done <- err
 	}()
 	<-src.entered
-	rounds := recordRounds(rdb)
+	rounds := redistest.RecordRounds(rdb)
 
 	single := &counter{}
 	var wg sync.WaitGroup
@@ -341,8 +267,8 @@ func TestGetOrLoadManySharesItsLoadWithGetOrLoad(t *testing.T) {
 		assert.Equal(t, product{ID: keys[2], Price: len(keys[2])}, vals[i])
 	}
 	assert.Zero(t, single.calls.Load(), "GetOrLoad of a key the batch loads must not load it")
-	_, gets := rounds.count("get")
-	_, scripts := rounds.count("evalsha")
+	_, gets := rounds.Count("get")
+	_, scripts := rounds.Count("evalsha")
 	assert.Equal(t, 0, gets, "GetOrLoad callers joined the batch's flight: no GET of theirs")
 	assert.Equal(t, 5, scripts, "only the batch's commits")
 }
@@ -654,22 +580,22 @@ func TestGetOrLoadManyInput(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNilLoader)
 	_, err = New[product](rdb, WithoutNearCache()).GetOrLoadMany(t.Context(), []string{p + "a", LockKey(p + "a")}, src.loadMany)
 	assert.ErrorIs(t, err, ErrReservedKey)
-	rounds := recordRounds(rdb)
+	rounds := redistest.RecordRounds(rdb)
 	got, err := c.GetOrLoadMany(t.Context(), nil, src.loadMany)
 	require.NoError(t, err)
 	assert.NotNil(t, got)
-	assert.Zero(t, rounds.total(), "no keys: no Redis call")
+	assert.Zero(t, rounds.Total(), "no keys: no Redis call")
 	assert.Empty(t, src.callKeys())
 
 	// Duplicates are read and loaded once; keys are the caller's, without
 	// the prefix.
-	rounds.reset()
+	rounds.Reset()
 	got, err = c.GetOrLoadMany(t.Context(), []string{"a", "b", "a"}, src.loadMany)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]product{"a": {ID: "a", Price: 1}, "b": {ID: "b", Price: 1}}, got)
 	require.Len(t, src.callKeys(), 1)
 	assert.ElementsMatch(t, []string{"a", "b"}, src.callKeys()[0])
-	_, gets := rounds.count("get")
+	_, gets := rounds.Count("get")
 	assert.Equal(t, 2, gets, "GETs for two distinct keys")
 	assert.Equal(t, int64(1), rdb.Exists(t.Context(), p+"a").Val(), "stored under the prefix")
 }
@@ -712,7 +638,7 @@ func TestGetOrLoadManyRedisDown(t *testing.T) {
 func BenchmarkGetOrLoadMany(b *testing.B) {
 	rdb := redistest.Client(b, redistest.Addr(b))
 	loadBatchScripts(b, rdb)
-	rounds := recordRounds(rdb)
+	rounds := redistest.RecordRounds(rdb)
 	const n, cold = 100, 10
 	c := New[product](rdb, WithoutJitter())
 	p := "bench:batch:" + token.NewToken() + ":"
@@ -725,7 +651,7 @@ func BenchmarkGetOrLoadMany(b *testing.B) {
 		for _, k := range keys[cold:] {
 			require.NoError(b, c.Set(context.Background(), k, product{ID: k}))
 		}
-		rounds.reset()
+		rounds.Reset()
 	}
 	report := func(b *testing.B, loads int64, rt int) {
 		b.ReportMetric(float64(rt)/float64(b.N), "round-trips/op")
@@ -744,7 +670,7 @@ func BenchmarkGetOrLoadMany(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			rt += rounds.total()
+			rt += rounds.Total()
 		}
 		report(b, loads, rt)
 	})
@@ -767,7 +693,7 @@ func BenchmarkGetOrLoadMany(b *testing.B) {
 				})
 			}
 			wg.Wait()
-			rt += rounds.total()
+			rt += rounds.Total()
 		}
 		report(b, loads.Load(), rt)
 	})
@@ -1095,11 +1021,11 @@ func TestGetOrLoadManyReadsAndFillsTheNearCache(t *testing.T) {
 		require.NoError(t, err)
 		return ev.get(EventNearHit)-hits == 3
 	}), "GetOrLoadMany never served the batch from memory")
-	gets := cmds.get("get") + cmds.get("mget") + cmds.get("evalsha") + cmds.get("eval")
+	gets := cmds.Count("get") + cmds.Count("mget") + cmds.Count("evalsha") + cmds.Count("eval")
 	m, err := c.GetOrLoadMany(t.Context(), keys, loadMany)
 	require.NoError(t, err)
 	assert.Equal(t, "b", m["b"].ID)
-	assert.Equal(t, gets, cmds.get("get")+cmds.get("mget")+cmds.get("evalsha")+cmds.get("eval"), "a batch held in memory still read Redis")
+	assert.Equal(t, gets, cmds.Count("get")+cmds.Count("mget")+cmds.Count("evalsha")+cmds.Count("eval"), "a batch held in memory still read Redis")
 	assert.Equal(t, int64(1), loads.Load())
 
 	require.NoError(t, other.Set(t.Context(), "b", product{ID: "b2"}))

@@ -50,7 +50,7 @@ func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			rdb, _ := dialCounter(t, deadAddr(t))
-			cmds := countCommands(rdb)
+			cmds := redistest.CountCommands(rdb)
 			start := time.Now()
 			var events [EventBreakerClose + 1]atomic.Int64
 			opts := append([]Option{WithFailurePolicy(tc.policy), WithObserver(func(e Event) { events[e.Kind].Add(1) })}, tc.opts...)
@@ -73,7 +73,7 @@ func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
 				assert.Equal(t, 200, errs)
 				assert.Zero(t, src.calls.Load())
 			}
-			sent := cmds.get("get")
+			sent := cmds.Count("get")
 			if tc.breaker {
 				// 5 failures open it; then one probe per 1s cool-down.
 				probes := int(time.Since(start)/DefaultBreakerCoolDown) + 1

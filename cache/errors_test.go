@@ -15,25 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// total is how many commands cc has counted.
-func (c *cmdCounter) total() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, v := range c.n {
-		n += v
-	}
-	return n
-}
-
 func TestEndedContextDoesNoWork(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
-	cmds := countCommands(rdb)
+	cmds := redistest.CountCommands(rdb)
 	c := New[product](rdb, WithoutNearCache()) // counts every command the client sends
 	cancelled, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -54,7 +44,7 @@ func TestEndedContextDoesNoWork(t *testing.T) {
 				return map[string]product{keys[0]: v}, err
 			}
 			key := p + strings.ReplaceAll(tc.name, " ", "-")
-			before := cmds.total()
+			before := cmds.Total()
 			_, err := c.GetOrLoad(tc.ctx, key, src.load)
 			assert.ErrorIs(t, err, tc.want, "GetOrLoad")
 			_, err = c.GetOrLoadMany(tc.ctx, []string{key + "-many"}, many)
@@ -67,7 +57,7 @@ func TestEndedContextDoesNoWork(t *testing.T) {
 			// background (a flight, a batch): a bound on nothing happening,
 			// not a speed.
 			time.Sleep(100 * time.Millisecond)
-			assert.Equal(t, 0, cmds.total()-before, "Redis commands sent for calls whose ctx had ended")
+			assert.Equal(t, 0, cmds.Total()-before, "Redis commands sent for calls whose ctx had ended")
 			assert.Equal(t, int64(0), src.calls.Load(), "loads for calls whose ctx had ended")
 			assert.Zero(t, rdb.Exists(t.Context(), key, key+"-many", key+"-set").Val(), "nothing stored")
 		})

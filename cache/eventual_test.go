@@ -39,11 +39,11 @@ func freezableTracking(frozen *atomic.Bool) func(ctx context.Context, network, a
 // freezableNearCache is a near-cached Cache, ready, whose tracking
 // connections stop reading while frozen is set; cmds counts its client's
 // commands.
-func freezableNearCache(t *testing.T, p string, frozen *atomic.Bool, opts ...Option) (*Cache[product], *events, *cmdCounter) {
+func freezableNearCache(t *testing.T, p string, frozen *atomic.Bool, opts ...Option) (*Cache[product], *events, *redistest.Commands) {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Dialer: freezableTracking(frozen)})
 	t.Cleanup(func() { _ = rdb.Close() })
-	cmds := countCommands(rdb)
+	cmds := redistest.CountCommands(rdb)
 	c, ev := newNearCacheOn(t, rdb, p, opts...)
 	t.Cleanup(func() { frozen.Store(false) }) // before Close, which waits for the reading goroutines
 	return c, ev, cmds
@@ -102,7 +102,7 @@ func TestNothingWaitsForAnEventualNearCache(t *testing.T) {
 				require.NoError(t, w.Delete(t.Context(), "k"))
 			}
 			assert.Zero(t, wev.get(EventNearLeaseWait), "writes waited out the frozen eventual process")
-			assert.Zero(t, rcmds.get("publish"), "the eventual process acknowledged writes")
+			assert.Zero(t, rcmds.Count("publish"), "the eventual process acknowledged writes")
 		})
 	}
 }

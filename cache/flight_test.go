@@ -37,7 +37,7 @@ type readOrLockHook struct {
 func (h *readOrLockHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *readOrLockHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !isScript(cmd) || len(cmd.Args()) < 2 || cmd.Args()[1] != readOrLockScript.Hash() {
+		if !redistest.IsScript(cmd) || len(cmd.Args()) < 2 || cmd.Args()[1] != readOrLockScript.Hash() {
 			return next(ctx, cmd)
 		}
 		n := h.n.Add(1)

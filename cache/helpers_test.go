@@ -1,11 +1,10 @@
-// This file holds what the tests share: clients, keys, a counting
-// loader and a Redis command counter.
+// This file holds what the tests share: clients, keys and a counting
+// loader.
 
 package cache
 
 import (
 	"context"
-	"errors"
 	"net"
 	"reflect"
 	"sync"
@@ -45,63 +44,6 @@ func (c *counter) load(ctx context.Context) (product, error) {
 		time.Sleep(c.delay)
 	}
 	return product{ID: "p1", Price: int(n), Tags: map[string]string{"sale": "yes"}}, nil
-}
-
-// cmdCounter is a go-redis hook that counts commands by name.
-type cmdCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func countCommands(rdb *redis.Client) *cmdCounter {
-	c := &cmdCounter{n: map[string]int{}}
-	rdb.AddHook(c)
-	return c
-}
-
-func (c *cmdCounter) get(name string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[name]
-}
-
-func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.mu.Lock()
-		c.n[cmd.Name()]++
-		c.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.mu.Lock()
-		for _, cmd := range cmds {
-			c.n[cmd.Name()]++
-		}
-		c.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-
-// delayHook delays every command whose name is cmd.
-type delayHook struct {
-	cmd   string
-	delay time.Duration
-}
-
-func (h delayHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h delayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == h.cmd {
-			time.Sleep(h.delay)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h delayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // deadAddr is a loopback address nothing listens on, nor will (see
@@ -150,46 +92,4 @@ func stampede(t *testing.T, caches []*Cache[product], callers int, key string, l
 	close(start)
 	wg.Wait()
 	return vals, errs
-}
-
-// isScript matches a script call: EVALSHA, or the EVAL that go-redis falls
-// back to when the server has not loaded the script yet.
-func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
-
-// resendHook runs every script call twice, as go-redis does when the reply
-// to the first run is lost, and keeps the second reply.
-type resendHook struct{}
-
-func (h resendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if isScript(cmd) {
-			if err := next(ctx, cmd); err != nil {
-				return err
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// lostReplyHook runs every script call and then reports a network error in
-// place of its reply: the script took effect, the client does not know it.
-type lostReplyHook struct{}
-
-func (h lostReplyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h lostReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if isScript(cmd) && err == nil {
-			err = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("reply lost")}
-			cmd.SetErr(err)
-		}
-		return err
-	}
-}
-func (h lostReplyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -79,19 +78,19 @@ func TestCallerAfterDeleteElsewhereDoesNotGetAReadInFlight(t *testing.T) {
 	_, err := b.GetOrLoad(t.Context(), key, func(context.Context) (string, error) { return "v0", nil })
 	require.NoError(t, err)
 
-	hold := &holdReplyHook{cmd: "get", replied: make(chan struct{}), release: make(chan struct{})}
-	rdbA.AddHook(hold)
+	gate := redistest.NewReadGate()
+	rdbA.AddHook(gate)
 	var wg sync.WaitGroup
 	var firstV, laterV string
 	var firstErr, laterErr error
 	wg.Go(func() { firstV, firstErr = a.GetOrLoad(t.Context(), key, failLoad) })
-	<-hold.replied // GET has run on the server and returned v0
+	gate.Next(t) // GET has run on the server and returned v0
 	require.NoError(t, b.Delete(t.Context(), key))
 	wg.Go(func() {
 		laterV, laterErr = a.GetOrLoad(t.Context(), key, func(context.Context) (string, error) { return "v2", nil })
 	})
 	time.Sleep(100 * time.Millisecond) // let later join the flight
-	close(hold.release)
+	gate.Open()
 	wg.Wait()
 
 	require.NoError(t, firstErr)
@@ -102,27 +101,4 @@ func TestCallerAfterDeleteElsewhereDoesNotGetAReadInFlight(t *testing.T) {
 
 func failLoad(context.Context) (string, error) {
 	panic("the loader must not run")
-}
-
-// holdReplyHook lets the first cmd run on the server, then holds its reply
-// back until release is closed.
-type holdReplyHook struct {
-	cmd     string
-	once    sync.Once
-	replied chan struct{}
-	release chan struct{}
-}
-
-func (h *holdReplyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *holdReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if cmd.Name() == h.cmd {
-			h.once.Do(func() { close(h.replied); <-h.release })
-		}
-		return err
-	}
-}
-func (h *holdReplyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }

@@ -55,8 +55,8 @@ func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
 	require.NoError(t, err)
 
 	// Slow the GET down so that every caller arrives while the first is in flight.
-	cmds := countCommands(rdb)
-	rdb.AddHook(delayHook{cmd: "get", delay: 300 * time.Millisecond})
+	cmds := redistest.CountCommands(rdb)
+	rdb.AddHook(redistest.Delay(redistest.Named("get"), 300*time.Millisecond))
 	src := &counter{}
 	vals, errs := stampede(t, []*Cache[product]{c}, 100, key, src.load)
 	for i := range vals {
@@ -66,7 +66,7 @@ func TestGetOrLoadHitsAreMergedIntoOneGet(t *testing.T) {
 	// One GET for the callers that joined before it was sent, at most one
 	// more for those that joined while it was on the way: a Delete elsewhere
 	// may have come between (see TestCallerAfterDeleteElsewhere...).
-	if got := cmds.get("get"); got > 2 {
+	if got := cmds.Count("get"); got > 2 {
 		t.Fatalf("100 concurrent hits sent %d GETs; want 1 or 2", got)
 	}
 	assert.Zero(t, src.calls.Load(), "a hit must not call the loader")
@@ -145,7 +145,7 @@ func TestGetOrLoadLostReplyToTheLockScript(t *testing.T) {
 	// read-or-lock script: run it twice and keep the second reply. The lock
 	// taken by the first run is ours, so the load must go ahead at once.
 	rdb, p := setup(t)
-	rdb.AddHook(resendHook{})
+	rdb.AddHook(redistest.Resend(redistest.IsScript))
 	c := New[product](rdb, WithLockTTL(5*time.Second), WithRetry(3, 10*time.Millisecond))
 	src := &counter{}
 	start := time.Now()
@@ -160,7 +160,7 @@ func TestGetOrLoadLockReleasedWhenTheScriptReplyIsLost(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
 	key := p + "k"
-	rdb.AddHook(lostReplyHook{})
+	rdb.AddHook(redistest.LoseReplies(redistest.IsScript, 1<<30))
 	c := New[product](rdb, WithLockTTL(time.Minute), WithFailurePolicy(FailClosed))
 	_, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
 	require.ErrorContains(t, err, "reply lost")
@@ -749,9 +749,8 @@ func TestGetOrLoadCallersMergedOnAHitGetTheirOwnCopy(t *testing.T) {
 	c := New[product](rdb, WithoutNearCache()) // it counts GETs, and adds hooks to a client in use
 	_, err := c.GetOrLoad(t.Context(), key, (&counter{}).load)
 	require.NoError(t, err)
-	cmds := countCommands(rdb)
-	rdb.AddHook(delayHook{cmd: "get", delay: 200 * time.Millisecond}) // the callers join while the read is out
-	rdb.AddHook(delayHook{cmd: "mget", delay: 200 * time.Millisecond})
+	cmds := redistest.CountCommands(rdb)
+	rdb.AddHook(redistest.Delay(redistest.Named("get", "mget"), 200*time.Millisecond)) // the callers join while the read is out
 
 	const callers = 20
 	vals := make([]product, callers)
@@ -764,7 +763,7 @@ func TestGetOrLoadCallersMergedOnAHitGetTheirOwnCopy(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.LessOrEqual(t, cmds.get("get")+cmds.get("mget"), 2, "the callers were not merged on one read")
+	require.LessOrEqual(t, cmds.Count("get")+cmds.Count("mget"), 2, "the callers were not merged on one read")
 
 	vals[0].Tags["sale"] = "changed by caller 0"
 	shared := 0

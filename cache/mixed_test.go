@@ -153,7 +153,7 @@ func TestWriterWithoutNearCacheAloneIsNotSlowed(t *testing.T) {
 	admin, p := setup(t)
 	require.NoError(t, admin.HSet(t.Context(), coherence.RegistryKey(p), "~since", serverMillis(t, admin)-time.Second.Milliseconds()).Err())
 	rdb := redistest.Client(t, redistest.Addr(t))
-	cmds := countCommands(rdb)
+	cmds := redistest.CountCommands(rdb)
 	w := New[product](rdb, WithPrefix(p), WithoutNearCache())
 	defer w.Close()
 	for i := range 20 {
@@ -163,8 +163,8 @@ func TestWriterWithoutNearCacheAloneIsNotSlowed(t *testing.T) {
 	chans, err := admin.PubSubChannels(t.Context(), p+"stampede:near:ack:*").Result()
 	require.NoError(t, err)
 	assert.Empty(t, chans, "a writer with no holders to hear opened an acknowledgement subscription")
-	assert.Zero(t, cmds.get("subscribe"), "SUBSCRIBEs")
-	assert.Zero(t, cmds.get("publish"), "markers published again")
+	assert.Zero(t, cmds.Count("subscribe"), "SUBSCRIBEs")
+	assert.Zero(t, cmds.Count("publish"), "markers published again")
 	ttl := admin.PTTL(t.Context(), coherence.RegistryKey(p)).Val()
 	assert.Greater(t, ttl, 9*time.Minute, "the writers' registry is kept ten minutes past their last write")
 }

@@ -60,10 +60,10 @@ func newNearCache(t *testing.T, prefix string, opts ...Option) (*Cache[product],
 // client, added before the Cache exists: the near cache's goroutines use the
 // client at once, and go-redis before v9.6 does not allow adding a hook to a
 // client in use.
-func newNearCacheCounting(t *testing.T, prefix string) (*Cache[product], *cmdCounter, *events) {
+func newNearCacheCounting(t *testing.T, prefix string) (*Cache[product], *redistest.Commands, *events) {
 	t.Helper()
 	rdb := redistest.Client(t, redistest.Addr(t))
-	cmds := countCommands(rdb)
+	cmds := redistest.CountCommands(rdb)
 	c, ev := newNearCacheOn(t, rdb, prefix)
 	return c, cmds, ev
 }
@@ -91,7 +91,7 @@ func TestNearCacheServesHitsFromMemory(t *testing.T) {
 	// The first call misses; the next reads Redis until a read's reply is
 	// not voided by the invalidation that the load's own commit echoes back
 	// (a round trip or two); the rest are memory.
-	assert.LessOrEqual(t, gets.get("get"), 5, "GETs for 100 reads")
+	assert.LessOrEqual(t, gets.Count("get"), 5, "GETs for 100 reads")
 	assert.GreaterOrEqual(t, ev.get(EventNearHit), int64(95))
 
 	// Each caller gets its own copy.
@@ -130,7 +130,7 @@ func TestNearCacheServesGet(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "set", v.ID)
 	}
-	assert.LessOrEqual(t, gets.get("get")+gets.get("mget"), 5, "Redis reads for 50 Gets")
+	assert.LessOrEqual(t, gets.Count("get")+gets.Count("mget"), 5, "Redis reads for 50 Gets")
 	assert.GreaterOrEqual(t, ev.get(EventNearHit), int64(45))
 }
 

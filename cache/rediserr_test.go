@@ -5,7 +5,6 @@
 package cache
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"sync/atomic"
@@ -27,39 +26,6 @@ func replyError(t *testing.T, rdb *redis.Client, msg string) error {
 	return err
 }
 
-// failHook makes the first n commands named cmd fail with err, without
-// sending them, as a migrating slot or a misconfigured server would.
-type failHook struct {
-	cmd  string
-	n    atomic.Int64
-	err  error
-	seen atomic.Int64
-}
-
-func (h *failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *failHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if (cmd.Name() == h.cmd || h.cmd == "script" && isScript(cmd)) && h.n.Add(-1) >= 0 {
-			h.seen.Add(1)
-			cmd.SetErr(h.err)
-			return h.err
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			if cmd.Name() == h.cmd && h.n.Add(-1) >= 0 {
-				h.seen.Add(1)
-				cmd.SetErr(h.err)
-				return h.err
-			}
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // TestTransientErrorsAreWaitedOut: while a slot migrates (TRYAGAIN, on a
 // cluster client: see the reliability suite's real migration) or a server
 // loads its data set, the lock script fails. It used to go to the failure
@@ -68,8 +34,7 @@ func (h *failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func TestTransientErrorsAreWaitedOut(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
-	hook := &failHook{cmd: "script", err: replyError(t, rdb, "LOADING Redis is loading the dataset in memory")}
-	hook.n.Store(3)
+	hook := redistest.FailCommands(redistest.IsScript, replyError(t, rdb, "LOADING Redis is loading the dataset in memory"), 3)
 	rdb.AddHook(hook)
 	var reported atomic.Int64
 	c := New[product](rdb, WithRetry(10, 5e6), WithErrorHook(func(string, error) { reported.Add(1) }),
@@ -78,17 +43,16 @@ func TestTransientErrorsAreWaitedOut(t *testing.T) {
 	v, err := c.GetOrLoad(t.Context(), p+"k", src.load)
 	require.NoError(t, err)
 	assert.Equal(t, "p1", v.ID)
-	assert.Equal(t, int64(3), hook.seen.Load())
+	assert.Equal(t, int64(3), hook.Seen())
 	assert.Equal(t, int64(1), src.calls.Load())
 	assert.Equal(t, int64(1), rdb.Exists(t.Context(), p+"k").Val(), "the value must be stored once the slot settles")
 	assert.Zero(t, reported.Load(), "a wait is not a failure")
 
 	t.Run("Delete", func(t *testing.T) {
-		hook := &failHook{cmd: "del", err: replyError(t, rdb, "MASTERDOWN Link with MASTER is down")}
-		hook.n.Store(2)
+		hook := redistest.FailCommands(redistest.Named("del"), replyError(t, rdb, "MASTERDOWN Link with MASTER is down"), 2)
 		rdb.AddHook(hook)
 		require.NoError(t, c.Delete(t.Context(), p+"k"))
-		assert.Equal(t, int64(2), hook.seen.Load())
+		assert.Equal(t, int64(2), hook.Seen())
 		assert.Zero(t, rdb.Exists(t.Context(), p+"k").Val())
 	})
 }
@@ -99,13 +63,12 @@ func TestTransientErrorsAreWaitedOut(t *testing.T) {
 func TestClusterRepliesToAPlainClientAreReturned(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
-	hook := &failHook{cmd: "get", err: replyError(t, rdb, "MOVED 3999 127.0.0.1:6381")}
-	hook.n.Store(1 << 30)
+	hook := redistest.FailCommands(redistest.Named("get"), replyError(t, rdb, "MOVED 3999 127.0.0.1:6381"), 1<<30)
 	rdb.AddHook(hook)
 	src := &counter{}
 	_, err := New[product](rdb).GetOrLoad(t.Context(), p+"k", src.load)
 	require.ErrorContains(t, err, "MOVED")
-	assert.Equal(t, int64(1), hook.seen.Load(), "returned at once, not polled")
+	assert.Equal(t, int64(1), hook.Seen(), "returned at once, not polled")
 	assert.Zero(t, src.calls.Load())
 }
 
@@ -116,13 +79,12 @@ func TestTransientErrorsThatLastAreReturned(t *testing.T) {
 	t.Parallel()
 	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
 		rdb, p := setup(t)
-		hook := &failHook{cmd: "script", err: replyError(t, rdb, "READONLY You can't write against a read only replica.")}
-		hook.n.Store(1 << 30)
+		hook := redistest.FailCommands(redistest.IsScript, replyError(t, rdb, "READONLY You can't write against a read only replica."), 1<<30)
 		rdb.AddHook(hook)
 		src := &counter{}
 		_, err := New[product](rdb, WithFailurePolicy(policy), WithRetry(3, time.Millisecond), WithoutNearCache()).GetOrLoad(t.Context(), p+"k", src.load)
 		require.ErrorContains(t, err, "READONLY")
-		assert.Equal(t, int64(4), hook.seen.Load())
+		assert.Equal(t, int64(4), hook.Seen())
 		assert.Zero(t, src.calls.Load())
 	}
 }
@@ -134,8 +96,11 @@ func TestMisconfigurationIsReturnedUnderEveryPolicy(t *testing.T) {
 	for _, policy := range []FailurePolicy{FailOpen, FailClosed} {
 		for _, cmd := range []string{"get", "script"} {
 			rdb, p := setup(t)
-			hook := &failHook{cmd: cmd, err: replyError(t, rdb, "NOPERM this user has no permissions to run the '"+cmd+"' command")}
-			hook.n.Store(1 << 30)
+			match := redistest.Named(cmd)
+			if cmd == "script" {
+				match = redistest.IsScript
+			}
+			hook := redistest.FailCommands(match, replyError(t, rdb, "NOPERM this user has no permissions to run the '"+cmd+"' command"), 1<<30)
 			rdb.AddHook(hook)
 			src := &counter{}
 			_, err := New[product](rdb, WithFailurePolicy(policy)).GetOrLoad(t.Context(), p+"k", src.load)

@@ -149,7 +149,7 @@ func TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit(t *testing.T) {
 	dueRecord(t, rdb, key)
 	require.NoError(t, rdb.Set(t.Context(), LockKey(key), "another-process", 10*time.Second).Err())
 	client := redistest.Client(t, redistest.Addr(t))
-	cmds := countCommands(client)
+	cmds := redistest.CountCommands(client)
 	// Without a near cache, whose lease renewals are scripts too (and a due
 	// value is never kept in memory anyway).
 	c := New[product](client, WithTTL(time.Second), WithoutJitter(), WithRetry(10, 100*time.Millisecond), WithoutNearCache())
@@ -163,7 +163,7 @@ func TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit(t *testing.T) {
 	elapsed := time.Since(start)
 	require.NoError(t, c.Close())
 	assert.Zero(t, src.calls.Load())
-	assert.LessOrEqual(t, cmds.get("evalsha")+cmds.get("eval"), 2+int(elapsed/(100*time.Millisecond)),
+	assert.LessOrEqual(t, cmds.Count("evalsha")+cmds.Count("eval"), 2+int(elapsed/(100*time.Millisecond)),
 		"one attempt at the lock per backoff (300 hits in %v)", elapsed)
 }
 

@@ -294,7 +294,7 @@ func TestTagClockDoesNotRunBackwardsAfterExpiry(t *testing.T) {
 func TestGetOrLoadManyReadsVersionsOnce(t *testing.T) {
 	rdb, p := setup(t)
 	ctx := context.Background()
-	cmds := countCommands(rdb) // before New: hooks go on a client not yet in use
+	cmds := redistest.CountCommands(rdb) // before New: hooks go on a client not yet in use
 	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
 	defer c.Close()
 	keys := make([]string, 20)
@@ -310,12 +310,12 @@ func TestGetOrLoadManyReadsVersionsOnce(t *testing.T) {
 		return m, nil
 	}
 	require.NoError(t, c.DeleteByTag(ctx, "t0"))
-	before := cmds.get("mget")
+	before := cmds.Count("mget")
 	got, err := c.GetOrLoadMany(ctx, keys, reload)
 	require.NoError(t, err)
 	// One for the records read, one for the clock before the load, one for
 	// the values committed: not one per tagged value.
-	assert.Equal(t, 3, cmds.get("mget")-before, "versions read once per step of the batch")
+	assert.Equal(t, 3, cmds.Count("mget")-before, "versions read once per step of the batch")
 	for i, k := range keys {
 		want := 1
 		if i%4 == 0 {
@@ -333,14 +333,14 @@ func TestTaggedReadIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
 	ctx := context.Background()
-	cmds := countCommands(rdb) // before New: hooks go on a client not yet in use
+	cmds := redistest.CountCommands(rdb) // before New: hooks go on a client not yet in use
 	c := New[product](rdb, WithPrefix(p), WithTags(), WithoutNearCache())
 	defer c.Close()
 	require.NoError(t, c.Set(ctx, "k", product{ID: "k", Price: 1}, Tags("a", "b")))
 	_, err := c.Get(ctx, "k") // learns k's tags: a second MGET for them
 	require.NoError(t, err)
 	for range 3 {
-		reads := func() int { return cmds.get("get") + cmds.get("mget") }
+		reads := func() int { return cmds.Count("get") + cmds.Count("mget") }
 		before := reads()
 		got, err := c.Get(ctx, "k")
 		require.NoError(t, err)

@@ -8,12 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/record"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
@@ -125,62 +123,13 @@ func TestExpireKeepsTheValuesTTL(t *testing.T) {
 	assert.Equal(t, time.Minute, f.TTL, "the reload lost the value's TTL")
 }
 
-// wireCounter is a go-redis hook that counts, per command name, the
-// commands sent and the bytes of their arguments.
-type wireCounter struct {
-	mu    sync.Mutex
-	n     map[string]int
-	bytes int
-}
-
-func countWire(rdb *redis.Client) *wireCounter {
-	w := &wireCounter{n: map[string]int{}}
-	rdb.AddHook(w)
-	return w
-}
-
-func (w *wireCounter) add(cmds ...redis.Cmder) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, cmd := range cmds {
-		w.n[cmd.Name()]++
-		for _, a := range cmd.Args() {
-			switch a := a.(type) {
-			case string:
-				w.bytes += len(a)
-			case []byte:
-				w.bytes += len(a)
-			default:
-				w.bytes += len(fmt.Sprint(a))
-			}
-		}
-	}
-}
-
-// take returns the counts since the last take and resets them.
-func (w *wireCounter) take() (n map[string]int, bytes int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n, bytes = w.n, w.bytes
-	w.n, w.bytes = map[string]int{}, 0
-	return n, bytes
-}
-
-func (w *wireCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (w *wireCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { w.add(cmd); return next(ctx, cmd) }
-}
-func (w *wireCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { w.add(cmds...); return next(ctx, cmds) }
-}
-
 // TestScriptsRunByHash: once Redis has the scripts, a Set, a Delete, a
 // DeleteByTag, an Expire and a GetOrLoadMany send no EVAL (every script by
 // its SHA, in the confirmation's pipeline too), with the near cache on.
 func TestScriptsRunByHash(t *testing.T) {
 	t.Parallel()
 	rdb, p := setup(t)
-	wire := countWire(rdb)
+	wire := redistest.CountCommands(rdb)
 	c := New[product](rdb, WithPrefix(p), WithTags(), WithStale(time.Minute))
 	defer c.Close()
 	ctx := t.Context()
@@ -196,19 +145,19 @@ func TestScriptsRunByHash(t *testing.T) {
 		require.NoError(t, c.Delete(ctx, keys...))
 	}
 	run() // the scripts are in Redis after this
-	wire.take()
+	wire.Take()
 	require.NoError(t, c.Set(ctx, "k", product{ID: "1"}, Tags("t")))
-	n, setBytes := wire.take()
+	n, setBytes := wire.Take()
 	assert.Zero(t, n["eval"], "Set: %v", n)
 	t.Logf("one Set sent %d argument bytes: %v", setBytes, n)
 	_, err := c.GetOrLoadMany(ctx, keys, src.loadMany)
 	require.NoError(t, err)
-	n, manyBytes := wire.take()
+	n, manyBytes := wire.Take()
 	assert.Zero(t, n["eval"], "GetOrLoadMany: %v", n)
 	t.Logf("one GetOrLoadMany of %d misses sent %d argument bytes: %v", len(keys), manyBytes, n)
 	require.NoError(t, c.Delete(ctx, keys...))
 	run()
-	n, _ = wire.take()
+	n, _ = wire.Take()
 	assert.Zero(t, n["eval"], "%v", n)
 	assert.Less(t, setBytes, 1500, "a Set sends the value and the keys, not the scripts")
 }
@@ -219,7 +168,7 @@ func TestScriptFlushBetweenCalls(t *testing.T) {
 	t.Parallel()
 	srv := redistest.PrivateServer(t, "it empties the server's script cache")
 	rdb := redistest.Client(t, srv.Addr)
-	wire := countWire(rdb)
+	wire := redistest.CountCommands(rdb)
 	c := New[product](rdb, WithTags(), WithStale(time.Minute))
 	defer c.Close()
 	ctx := t.Context()
@@ -247,7 +196,7 @@ func TestScriptFlushBetweenCalls(t *testing.T) {
 		_, err = c.GetOrLoad(ctx, "k", load.load) // removed by the tag: loaded
 		require.NoError(t, err)
 	}
-	n, _ := wire.take()
+	n, _ := wire.Take()
 	assert.Positive(t, n["evalsha"])
 	t.Logf("commands: %v", n)
 }

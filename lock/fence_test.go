@@ -131,50 +131,19 @@ func TestFenceOnlyOnAcquisition(t *testing.T) {
 	require.NoError(t, l.Release(t.Context()))
 }
 
-// scriptLog records the commands a client sends.
-type scriptLog struct {
-	mu   *sync.Mutex // protects cmds
-	cmds *[][]any
-}
-
-func (h scriptLog) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h scriptLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		*h.cmds = append(*h.cmds, cmd.Args())
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (h scriptLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.mu.Lock()
-		for _, c := range cmds {
-			*h.cmds = append(*h.cmds, c.Args())
-		}
-		h.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-
 // TestFenceIsTakenInTheObtainScript: Obtain sends only the obtain script,
 // naming the lock key and its counter, so that the lock and the fence are
 // taken atomically; no INCR goes out on its own.
 func TestFenceIsTakenInTheObtainScript(t *testing.T) {
 	_, p := setup(t)
 	c := redistest.Client(t, redistest.Addr(t))
-	var (
-		mu   sync.Mutex
-		cmds [][]any
-	)
 	require.NoError(t, c.Ping(t.Context()).Err()) // the connection's HELLO goes before the log
-	c.AddHook(scriptLog{&mu, &cmds})
+	sent := redistest.RecordRounds(c)
 	key := p + "atomic"
 	l, err := Obtain(t.Context(), c, key, time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, l.Release(t.Context()))
-	mu.Lock()
-	defer mu.Unlock()
+	cmds := sent.Args()
 	cmds = cmds[:len(cmds)-1] // the release
 	require.NotEmpty(t, cmds)
 	for _, args := range cmds {

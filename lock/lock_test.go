@@ -217,33 +217,12 @@ func TestLockRedisErrorsWrapped(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrNotObtained, "Redis down is not 'someone else holds it'")
 }
 
-// lostReply runs script calls and then reports a network error instead of
-// their reply: the script ran, the client does not know it.
-type lostReply struct{ lost atomic.Int64 }
-
-func (h *lostReply) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && err == nil && h.lost.Add(-1) >= 0 {
-			err = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("reply lost")}
-			cmd.SetErr(err)
-		}
-		return err
-	}
-}
-func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 func TestObtainLostReplyGivesLockBack(t *testing.T) {
 	rdb, p := setup(t)
-	hook := &lostReply{}
 	lossy := redistest.Client(t, redistest.Addr(t))
-	lossy.AddHook(hook)
+	lossy.AddHook(redistest.LoseReplies(redistest.IsScript, 1))
 
 	key := p + "k"
-	hook.lost.Store(1)
 	_, err := Obtain(t.Context(), lossy, key, time.Minute)
 	require.Error(t, err)
 	assert.Regexp(t, "^lock: redis: ", err.Error())
@@ -255,39 +234,18 @@ func TestObtainLostReplyGivesLockBack(t *testing.T) {
 	// A client of its own: the release above runs through lossy's hook after
 	// the key is gone, and could take this call's lost reply.
 	keyTok := p + "tok"
-	hookTok := &lostReply{}
 	lossyTok := redistest.Client(t, redistest.Addr(t))
-	lossyTok.AddHook(hookTok)
-	hookTok.lost.Store(1)
+	lossyTok.AddHook(redistest.LoseReplies(redistest.IsScript, 1))
 	_, err = Obtain(t.Context(), lossyTok, keyTok, time.Minute, WithToken("worker-1"))
 	require.Error(t, err)
 	time.Sleep(50 * time.Millisecond)
 	assert.Equal(t, "worker-1", rdb.Get(t.Context(), keyTok).Val())
 }
 
-// resend runs every script call twice, as go-redis does when the reply to
-// the first run is lost, and keeps the second reply.
-type resend struct{}
-
-func (resend) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (resend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
-			if err := next(ctx, cmd); err != nil {
-				return err
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-func (resend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 func TestObtainResentAttemptIsStillOurs(t *testing.T) {
 	rdb, p := setup(t)
 	twice := redistest.Client(t, redistest.Addr(t))
-	twice.AddHook(resend{})
+	twice.AddHook(redistest.Resend(redistest.IsScript))
 	l, err := Obtain(t.Context(), twice, p+"k", time.Minute)
 	require.NoError(t, err, "a resent attempt must see that the lock is already ours, not wait on itself")
 	assert.Equal(t, l.Token(), rdb.Get(t.Context(), p+"k").Val())

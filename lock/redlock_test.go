@@ -258,22 +258,6 @@ func TestRedlockContextEnds(t *testing.T) {
 	assert.Equal(t, 5, q.holding("held", "other", all5...))
 }
 
-// slowScripts delays every script call, as a slow network would.
-type slowScripts time.Duration
-
-func (h slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
-			time.Sleep(time.Duration(h))
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // TestRedlockValidity: the validity is ttl - elapsed - drift, counted from
 // before the first request; when the masters answer too late for any
 // validity to remain, the lock is not acquired.
@@ -284,7 +268,7 @@ func TestRedlockValidity(t *testing.T) {
 	q := newQuorumSet(t)
 	const delay = 100 * time.Millisecond
 	for _, c := range q.clients {
-		c.AddHook(slowScripts(delay))
+		c.AddHook(redistest.Delay(redistest.IsScript, delay))
 	}
 	const ttl = 2 * time.Second
 	l, err := ObtainQuorum(t.Context(), q.masters, "job", ttl, WithQuorumWait(time.Second))

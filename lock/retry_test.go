@@ -114,23 +114,23 @@ func TestObtainFollowsStrategy(t *testing.T) {
 		asked = append(asked, n)
 		return time.Millisecond, n <= 4
 	})
-	counter := &obtainCounter{}
+	counter := &redistest.Commands{Match: runsObtain}
 	counted := redistest.Client(t, redistest.Addr(t))
 	counted.AddHook(counter)
 	_, err = Obtain(t.Context(), counted, p+"k", time.Minute, WithRetry(s))
 	require.ErrorIs(t, err, ErrNotObtained)
 	assert.Equal(t, []int{1, 2, 3, 4, 5}, asked, "the strategy is asked before each retry, from 1")
-	assert.Equal(t, int64(5), counter.attempts.Load(), "one attempt, then 4 retries")
+	assert.Equal(t, 5, counter.Total(), "one attempt, then 4 retries")
 
 	_, err = Obtain(t.Context(), rdb, p+"k", time.Minute, WithRetry(RetryFunc(func(int) (time.Duration, bool) { return -1, true })))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "negative wait")
 
 	// The default is one attempt.
-	counter.attempts.Store(0)
+	counter.Reset()
 	_, err = Obtain(t.Context(), counted, p+"k", time.Minute)
 	require.ErrorIs(t, err, ErrNotObtained)
-	assert.Equal(t, int64(1), counter.attempts.Load())
+	assert.Equal(t, 1, counter.Total())
 }
 
 func TestObtainRetryWaitsAreSlept(t *testing.T) {
@@ -149,18 +149,8 @@ func TestObtainRetryWaitsAreSlept(t *testing.T) {
 	assert.ErrorIs(t, err, context.Canceled)
 }
 
-// obtainCounter counts the lock's obtain script calls.
-type obtainCounter struct{ attempts atomic.Int64 }
-
-func (h *obtainCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *obtainCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && (args[1] == lockObtainScript.Hash() || args[1] == lockObtainLua) {
-			h.attempts.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *obtainCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+// runsObtain matches the lock's obtain script calls.
+func runsObtain(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	return len(args) > 1 && (args[1] == lockObtainScript.Hash() || args[1] == lockObtainLua)
 }

@@ -55,45 +55,6 @@ func (s *batchSource) snapshot() ([][]string, map[string]int) {
 	return slices.Clone(s.calls), maps.Clone(s.perKey)
 }
 
-// nodeRounds counts the round trips a ClusterClient makes to each node,
-// by the first command of each pipeline.
-type nodeRounds struct {
-	mu     sync.Mutex // protects rounds
-	rounds map[string]int
-}
-
-func (h *nodeRounds) reset() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.rounds = map[string]int{}
-}
-
-func (h *nodeRounds) get(name string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.rounds[name]
-}
-
-func (h *nodeRounds) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *nodeRounds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		h.rounds[cmd.Name()]++
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (h *nodeRounds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 {
-			h.mu.Lock()
-			h.rounds[cmds[0].Name()]++
-			h.mu.Unlock()
-		}
-		return next(ctx, cmds)
-	}
-}
-
 func TestClusterGetOrLoadMany(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
@@ -119,7 +80,7 @@ func TestClusterGetOrLoadMany(t *testing.T) {
 	// One process, counted per node: a warm-up batch loads the scripts on
 	// every master (NOSCRIPT, SCRIPT LOAD, sent again), then a batch of n
 	// keys of which 10% are cold.
-	hook := &nodeRounds{rounds: map[string]int{}}
+	hook := &redistest.Recorder{}
 	addrs := make([]string, len(cl.nodes))
 	for i, node := range cl.nodes {
 		addrs[i] = node.Addr
@@ -147,7 +108,7 @@ func TestClusterGetOrLoadMany(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hook.reset()
+	hook.Reset()
 	src := &batchSource{}
 	got, err := c.GetOrLoadMany(ctx, keys, src.loadMany)
 	if err != nil {
@@ -162,10 +123,10 @@ func TestClusterGetOrLoadMany(t *testing.T) {
 	if len(calls) != 1 || !sameSet(calls[0], cold) {
 		t.Errorf("loadMany calls = %v; want one with %v", calls, cold)
 	}
-	if r := hook.get("get"); r < 1 || r > 3 {
+	if r := hook.Starting("get"); r < 1 || r > 3 {
 		t.Errorf("GET round trips = %d; want one per master (at most 3)", r)
 	}
-	if r := hook.get("evalsha"); r < 2 || r > 6 {
+	if r := hook.Starting("evalsha"); r < 2 || r > 6 {
 		t.Errorf("script round trips = %d; want one read-or-lock and one commit per master with cold keys (2..6)", r)
 	}
 	for _, k := range cold {
@@ -174,7 +135,7 @@ func TestClusterGetOrLoadMany(t *testing.T) {
 		}
 	}
 	t.Logf("figures: %d keys on 3 masters, %d cold: round trips GET=%d EVALSHA=%d, loadMany calls=%d",
-		n, len(cold), hook.get("get"), hook.get("evalsha"), len(calls))
+		n, len(cold), hook.Starting("get"), hook.Starting("evalsha"), len(calls))
 
 	// Three processes, two callers each, batching overlapping windows of the
 	// cold keys (deleted first) plus new ones: each key is loaded once.

@@ -8,7 +8,6 @@ package reliability_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,34 +89,6 @@ func TestMisconfigurationIsAnError(t *testing.T) {
 	}
 }
 
-// commandCounter is a go-redis hook that counts the commands a client is
-// asked to send and the connections it dials: what an outage costs Redis's
-// side of the client.
-type commandCounter struct {
-	cmds, dials atomic.Int64
-}
-
-func (h *commandCounter) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		h.dials.Add(1)
-		return next(ctx, network, addr)
-	}
-}
-
-func (h *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.cmds.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.cmds.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // refusedFast is fastFail with one quick dial retry (go-redis retries a
 // refused dial 5 times, 100ms apart, by default).
 func refusedFast(o *redis.Options) {
@@ -138,8 +109,7 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 			t.Parallel() // each kills its own server
 			srv := redistest.NewServer(t)
 			rdb := newClient(t, srv.Addr, refusedFast)
-			var hook commandCounter
-			rdb.AddHook(&hook)
+			hook := redistest.CountCommands(rdb)
 			const coolDown = 250 * time.Millisecond // the default (1s) costs the test seconds, not coverage
 			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p), cache.WithCircuitBreaker(cache.DefaultBreakerFailures, coolDown))
 			src := newSource(0)
@@ -147,8 +117,7 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 				t.Fatalf("before the outage: %v", err)
 			}
 			srv.Kill()
-			hook.cmds.Store(0)
-			hook.dials.Store(0)
+			hook.Reset()
 			before := src.total.Load()
 
 			const calls = 200
@@ -175,7 +144,7 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 				}
 			}
 			took := time.Since(start)
-			cmds, dials, loads := hook.cmds.Load(), hook.dials.Load(), src.total.Load()-before
+			cmds, dials, loads := hook.Total(), hook.Dials(), src.total.Load()-before
 			if cmds > 10 {
 				t.Errorf("%d calls during the outage sent %d commands to Redis (%d dials); want at most 10", calls, cmds, dials)
 			}
@@ -197,7 +166,7 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 
 			// A longer outage: 8 workers calling every 10ms for 4 cool-downs
 			// may send one probe per cool-down.
-			hook.cmds.Store(0)
+			hook.Reset()
 			var sustained atomic.Int64
 			var wg sync.WaitGroup
 			const outage = 4 * coolDown
@@ -212,10 +181,10 @@ func TestCircuitBreakerDuringOutage(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			if n := hook.cmds.Load(); n > probesAllowed {
+			if n := hook.Total(); n > probesAllowed {
 				t.Errorf("%d calls over a %v outage sent %d commands; want at most %d (one probe per %v cool-down)", sustained.Load(), outage, n, probesAllowed, coolDown)
 			}
-			t.Logf("figures: %s: %d more calls from 8 goroutines over %v of outage sent %d commands (probes)", pol.name, sustained.Load(), outage, hook.cmds.Load())
+			t.Logf("figures: %s: %d more calls from 8 goroutines over %v of outage sent %d commands (probes)", pol.name, sustained.Load(), outage, hook.Total())
 
 			if err := srv.Start(); err != nil {
 				t.Fatalf("restart redis: %v", err)
@@ -279,8 +248,7 @@ func TestPlainClientOnAClusterNode(t *testing.T) {
 	ctx := context.Background()
 	cl := startCluster(t, 3)
 	rdb := newClient(t, cl.nodes[0].Addr, nil)
-	var hook commandCounter
-	rdb.AddHook(&hook)
+	hook := redistest.CountCommands(rdb)
 	key, local := "", ""
 	for i := 0; key == "" || local == ""; i++ {
 		switch k := "moved:" + strconv.Itoa(i); {
@@ -301,21 +269,21 @@ func TestPlainClientOnAClusterNode(t *testing.T) {
 			if _, err := c.GetOrLoad(ctx, local, src.loader(local, "v")); err != nil {
 				t.Fatalf("GetOrLoad of a key node 0 serves: %v", err)
 			}
-			hook.cmds.Store(0)
+			hook.Reset()
 			start := time.Now()
 			v, err := c.GetOrLoad(ctx, key, src.loader(key, "v"))
 			took := time.Since(start)
 			if err == nil || !strings.Contains(err.Error(), "MOVED") {
 				t.Errorf("GetOrLoad on the wrong node = %q, %v; want an error naming MOVED", v, err)
 			}
-			if n := hook.cmds.Load(); n > 5 {
+			if n := hook.Total(); n > 5 {
 				t.Errorf("%d commands sent before the error; want a handful, not a poll until the load timeout", n)
 			}
 			if n := src.loads(key); n != 0 {
 				t.Errorf("loads of the key = %d; want 0: a misconfiguration is no outage", n)
 			}
 			t.Logf("figures: plain client on a cluster node, %s, load timeout 2s: err=%v, loads=%d, %d commands, after %v",
-				pol.name, err, src.loads(key), hook.cmds.Load(), took.Round(time.Millisecond))
+				pol.name, err, src.loads(key), hook.Total(), took.Round(time.Millisecond))
 		})
 	}
 }
@@ -332,8 +300,7 @@ func TestCircuitBreakerOnAStalledLink(t *testing.T) {
 			t.Parallel() // each stalls its own proxy
 			px := newProxy(t, addr)
 			rdb := newClient(t, px.Addr(), fastFail)
-			var hook commandCounter
-			rdb.AddHook(&hook)
+			hook := redistest.CountCommands(rdb)
 			c := cache.New[string](rdb, cache.WithFailurePolicy(pol.p), cache.WithoutNearCache()) // it counts the commands calls send
 			t.Cleanup(func() { _ = c.Close() })
 			p := redistest.Prefix(t, newClient(t, addr, nil))
@@ -342,7 +309,7 @@ func TestCircuitBreakerOnAStalledLink(t *testing.T) {
 				t.Fatalf("before the stall: %v", err)
 			}
 			px.add(t, "stall", "timeout", "downstream", `{"timeout":0}`)
-			hook.cmds.Store(0)
+			hook.Reset()
 			before := src.total.Load()
 			const calls = 200
 			var ok, open, done int
@@ -366,7 +333,7 @@ func TestCircuitBreakerOnAStalledLink(t *testing.T) {
 			if done != calls {
 				t.Errorf("only %d of %d calls returned within 20s of stall", done, calls)
 			}
-			if n := hook.cmds.Load(); n > 15 {
+			if n := hook.Total(); n > 15 {
 				t.Errorf("%d calls on a stalled link sent %d commands; want at most 15", done, n)
 			}
 			if pol.p == cache.FailOpen && ok != done {
@@ -376,7 +343,7 @@ func TestCircuitBreakerOnAStalledLink(t *testing.T) {
 				t.Errorf("FailClosed: %d of %d calls got ErrCircuitOpen; want all but the first few", open, done)
 			}
 			t.Logf("figures: stalled link, %s: %d calls in %v: %d ok, %d ErrCircuitOpen, loads=%d, %d commands sent",
-				pol.name, done, took.Round(time.Millisecond), ok, open, src.total.Load()-before, hook.cmds.Load())
+				pol.name, done, took.Round(time.Millisecond), ok, open, src.total.Load()-before, hook.Total())
 		})
 	}
 }

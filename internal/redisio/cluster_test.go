@@ -20,7 +20,7 @@ import (
 
 // newOneMasterCluster starts a cluster of one master that serves every
 // slot and returns a cluster client whose node clients carry gate.
-func newOneMasterCluster(t *testing.T, gate *readGate) *redis.ClusterClient {
+func newOneMasterCluster(t *testing.T, gate *redistest.ReadGate) *redis.ClusterClient {
 	t.Helper()
 	srv := redistest.PrivateServer(t, "it needs a cluster-enabled Redis",
 		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
@@ -46,7 +46,7 @@ func newOneMasterCluster(t *testing.T, gate *readGate) *redis.ClusterClient {
 }
 
 func TestClusterReadsAndRounds(t *testing.T) {
-	gate := newReadGate()
+	gate := redistest.NewReadGate()
 	cc := newOneMasterCluster(t, gate)
 	cl := New(cc, t.Context, false)
 	var keys []string
@@ -60,20 +60,20 @@ func TestClusterReadsAndRounds(t *testing.T) {
 	got, errs := make([][]byte, len(keys)), make([]error, len(keys))
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = cl.Get(t.Context(), "lead") })
-	gate.next(t)
+	gate.Next(t)
 	for i, k := range keys {
 		wg.Go(func() { got[i], errs[i] = cl.Get(t.Context(), k) })
 	}
 	queued(t, cl, len(keys))
-	gate.open()
+	gate.Open()
 	wg.Wait()
 	for i, k := range keys {
 		if assert.NoError(t, errs[i], "Get(%q)", k) {
 			assert.Equal(t, "v"+k, string(got[i]), "Get(%q)", k)
 		}
 	}
-	assert.Equal(t, 20, gate.count("mget"), "MGETs: one per slot")
-	assert.Equal(t, 1, gate.countPipelines(), "pipelines: one for the master")
+	assert.Equal(t, 20, gate.Count("mget"), "MGETs: one per slot")
+	assert.Equal(t, 1, gate.Pipelines(), "pipelines: one for the master")
 
 	cmds := make([]redis.Cmder, len(keys))
 	for i, k := range keys {
@@ -83,5 +83,5 @@ func TestClusterReadsAndRounds(t *testing.T) {
 	for i, k := range keys {
 		assert.Equal(t, "v"+k, cmds[i].(*redis.StringCmd).Val(), "GET %s in a round", k)
 	}
-	assert.Equal(t, 2, gate.countPipelines(), "pipelines: the round's one for the master")
+	assert.Equal(t, 2, gate.Pipelines(), "pipelines: the round's one for the master")
 }

@@ -20,104 +20,14 @@ import (
 	"github.com/stampede-go/stampede/internal/redistest"
 )
 
-// readGate counts the GETs and MGETs of a client and, while on, holds the
-// reply of each one sent alone, once the server has answered it, until the
-// test lets it go.
-type readGate struct {
-	on      atomic.Bool
-	replied chan []string // the keys of a read the server answered, its reply held
-	release chan struct{} // lets one held reply go
-
-	mu        sync.Mutex     // protects reads and pipelines
-	reads     map[string]int // by command name, in pipelines too
-	pipelines int            // pipelines with a read
-}
-
-// newReadGate returns a gate that is on; it goes on a client with AddHook
-// before the client is in use.
-func newReadGate() *readGate {
-	g := &readGate{replied: make(chan []string, 64), release: make(chan struct{}), reads: map[string]int{}}
-	g.on.Store(true)
-	return g
-}
-
 // newGatedClient returns a client of the test Redis with a gate on, a key
 // prefix for the test, and a Client reading through it.
-func newGatedClient(t *testing.T) (*readGate, *redis.Client, string, *Client) {
+func newGatedClient(t *testing.T) (*redistest.ReadGate, *redis.Client, string, *Client) {
 	t.Helper()
 	rdb := redistest.Client(t, redistest.Addr(t))
-	g := newReadGate()
+	g := redistest.NewReadGate()
 	rdb.AddHook(g)
 	return g, rdb, redistest.Prefix(t, rdb), New(rdb, t.Context, false)
-}
-
-func (g *readGate) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (g *readGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if cmd.Name() != "get" && cmd.Name() != "mget" {
-			return err
-		}
-		g.mu.Lock()
-		g.reads[cmd.Name()]++
-		g.mu.Unlock()
-		if g.on.Load() {
-			var keys []string
-			for _, a := range cmd.Args()[1:] {
-				keys = append(keys, a.(string))
-			}
-			g.replied <- keys
-			<-g.release
-		}
-		return err
-	}
-}
-func (g *readGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		g.mu.Lock()
-		counted := false
-		for _, cmd := range cmds {
-			if cmd.Name() == "get" || cmd.Name() == "mget" {
-				g.reads[cmd.Name()]++
-				counted = true
-			}
-		}
-		if counted {
-			g.pipelines++
-		}
-		g.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-
-// next waits for the next read the server answered and returns its keys.
-func (g *readGate) next(t *testing.T) []string {
-	t.Helper()
-	select {
-	case keys := <-g.replied:
-		return keys
-	case <-time.After(10 * time.Second):
-		t.Fatal("no read reached the server")
-		return nil
-	}
-}
-
-// open lets every read through from now on, the held one included.
-func (g *readGate) open() {
-	g.on.Store(false)
-	close(g.release)
-}
-
-func (g *readGate) count(name string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.reads[name]
-}
-
-func (g *readGate) countPipelines() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.pipelines
 }
 
 // queued waits until n reads wait for the next batch.
@@ -154,18 +64,18 @@ func TestConcurrentReadsGoOutAsOneMGet(t *testing.T) {
 		}
 	}
 	wg.Go(func() { read(keys[0]) })
-	assert.Equal(t, []string{keys[0]}, gate.next(t), "a lone read goes out at once, as a GET")
+	assert.Equal(t, []string{keys[0]}, gate.Next(t), "a lone read goes out at once, as a GET")
 	for _, k := range keys[1:] {
 		wg.Go(func() { read(k) })
 	}
 	queued(t, cl, 49)
-	gate.release <- struct{}{}
-	assert.ElementsMatch(t, keys[1:], gate.next(t), "the reads queued meanwhile go out together")
-	gate.open()
+	gate.Release()
+	assert.ElementsMatch(t, keys[1:], gate.Next(t), "the reads queued meanwhile go out together")
+	gate.Open()
 	wg.Wait()
 	assert.Zero(t, wrong.Load(), "reads with a wrong value or an error")
-	assert.Equal(t, 1, gate.count("get"))
-	assert.Equal(t, 1, gate.count("mget"))
+	assert.Equal(t, 1, gate.Count("get"))
+	assert.Equal(t, 1, gate.Count("mget"))
 }
 
 // TestReadsWithOtherKeysJoinTheBatch: reads that carry keys of their own
@@ -184,7 +94,7 @@ func TestReadsWithOtherKeysJoinTheBatch(t *testing.T) {
 		assert.Equal(t, "va", string(b))
 		assert.Equal(t, []any{"vx", nil}, vals)
 	})
-	assert.Equal(t, []string{p + "a", p + "x", p + "none"}, gate.next(t), "a lone read with keys goes out at once, as one MGET")
+	assert.Equal(t, []string{p + "a", p + "x", p + "none"}, gate.Next(t), "a lone read with keys goes out at once, as one MGET")
 	wg.Go(func() {
 		b, err := cl.Get(t.Context(), p+"b")
 		assert.NoError(t, err)
@@ -197,12 +107,12 @@ func TestReadsWithOtherKeysJoinTheBatch(t *testing.T) {
 		assert.Equal(t, []any{"vy"}, vals)
 	})
 	queued(t, cl, 2)
-	gate.release <- struct{}{}
-	assert.ElementsMatch(t, []string{p + "b", p + "none", p + "y"}, gate.next(t), "queued reads and their keys go out together")
-	gate.open()
+	gate.Release()
+	assert.ElementsMatch(t, []string{p + "b", p + "none", p + "y"}, gate.Next(t), "queued reads and their keys go out together")
+	gate.Open()
 	wg.Wait()
-	assert.Equal(t, 0, gate.count("get"))
-	assert.Equal(t, 2, gate.count("mget"))
+	assert.Equal(t, 0, gate.Count("get"))
+	assert.Equal(t, 2, gate.Count("mget"))
 }
 
 // TestABatchReadsEachKeyOnce: reads of one hot key, and reads sharing
@@ -215,7 +125,7 @@ func TestABatchReadsEachKeyOnce(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = cl.Get(t.Context(), p+"lead") })
-	gate.next(t)
+	gate.Next(t)
 	for range 3 {
 		wg.Go(func() {
 			b, err := cl.Get(t.Context(), p+"hot")
@@ -236,9 +146,9 @@ func TestABatchReadsEachKeyOnce(t *testing.T) {
 		assert.Equal(t, []any{"xv2", "xhot", "xv1"}, vals)
 	})
 	queued(t, cl, 5)
-	gate.release <- struct{}{}
-	assert.ElementsMatch(t, []string{p + "hot", p + "a", p + "v1", p + "v2", p + "none"}, gate.next(t), "each key once")
-	gate.open()
+	gate.Release()
+	assert.ElementsMatch(t, []string{p + "hot", p + "a", p + "v1", p + "v2", p + "none"}, gate.Next(t), "each key once")
+	gate.Open()
 	wg.Wait()
 }
 
@@ -253,7 +163,7 @@ func TestReaderLeavesWhenItsCtxEndsDuringABatch(t *testing.T) {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = cl.Get(t.Context(), p+"lead") })
-	gate.next(t)
+	gate.Next(t)
 	ctx1, cancel1 := context.WithCancel(t.Context())
 	left := make(chan error, 1)
 	wg.Go(func() {
@@ -264,8 +174,8 @@ func TestReaderLeavesWhenItsCtxEndsDuringABatch(t *testing.T) {
 	var err2 error
 	wg.Go(func() { v2, err2 = cl.Get(t.Context(), k2) })
 	queued(t, cl, 2)
-	gate.release <- struct{}{}
-	assert.ElementsMatch(t, []string{k1, k2}, gate.next(t))
+	gate.Release()
+	assert.ElementsMatch(t, []string{k1, k2}, gate.Next(t))
 	cancel1()
 	select {
 	case err := <-left:
@@ -273,11 +183,11 @@ func TestReaderLeavesWhenItsCtxEndsDuringABatch(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a reader whose ctx ended waited for the batch")
 	}
-	gate.open()
+	gate.Open()
 	wg.Wait()
 	require.NoError(t, err2, "the other reader of the batch")
 	assert.Equal(t, "v2", string(v2))
-	assert.Equal(t, 1, gate.count("mget"))
+	assert.Equal(t, 1, gate.Count("mget"))
 }
 
 // TestReadReplies: a value, no value and a value of another type read
@@ -306,23 +216,23 @@ func TestReadReplies(t *testing.T) {
 	// Alone first: once a batch went, its sender stays busy for a moment
 	// after its readers have their replies, and a read then joins a batch.
 	got, errs := make([][]byte, len(tests)), make([]error, len(tests))
-	gate.on.Store(false)
+	gate.Hold(false)
 	for i, tt := range tests {
 		got[i], errs[i] = cl.Get(t.Context(), tt.key)
 	}
 	check("alone", got, errs)
-	require.Zero(t, gate.count("mget"), "lone reads are GETs")
+	require.Zero(t, gate.Count("mget"), "lone reads are GETs")
 
-	gate.on.Store(true)
+	gate.Hold(true)
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = cl.Get(t.Context(), p+"lead") })
-	gate.next(t)
+	gate.Next(t)
 	for i, tt := range tests {
 		wg.Go(func() { got[i], errs[i] = cl.Get(t.Context(), tt.key) })
 	}
 	queued(t, cl, len(tests))
-	gate.open()
+	gate.Open()
 	wg.Wait()
 	check("in a batch", got, errs)
-	assert.Equal(t, 1, gate.count("mget"))
+	assert.Equal(t, 1, gate.Count("mget"))
 }
