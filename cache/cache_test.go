@@ -1,5 +1,6 @@
-// This file tests New: the warning of a client the library cannot bound,
-// and FailOpen with the bounded client when Redis hangs.
+// This file tests New and Ping: the warning of a client the library
+// cannot bound, FailOpen with the bounded client when Redis hangs, and the
+// readiness check.
 
 package cache
 
@@ -73,4 +74,22 @@ func TestHungRedisFailsOpenWithTheBoundedClient(t *testing.T) {
 		require.NoError(t, err, "call %d", i)
 	}
 	assert.Equal(t, before+5, src.calls.Load(), "FailOpen loaded each call")
+}
+
+// TestPingReportsAnUnreachableRedis: Ping is nil while Redis answers and an
+// error naming the address when it does not (internal/health tests the
+// messages for every client kind).
+func TestPingReportsAnUnreachableRedis(t *testing.T) {
+	t.Parallel()
+	c := New[product](redistest.Client(t, redistest.Addr(t)), WithLogger(nil))
+	defer c.Close()
+	require.NoError(t, c.Ping(t.Context()))
+
+	dead := deadAddr(t)
+	rdb, _ := dialCounter(t, dead)
+	d := New[product](rdb, WithLogger(nil))
+	defer d.Close()
+	err := d.Ping(t.Context())
+	require.Error(t, err)
+	assert.True(t, strings.HasPrefix(err.Error(), "cache: ping redis at "+dead+": dial tcp "+dead), err.Error())
 }

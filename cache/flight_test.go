@@ -2,8 +2,11 @@
 // commit or release instead of their poll, that the subscription never
 // costs a notification (commit before the subscribe, or between two waits),
 // that a dead or refused subscription falls back to the poll, and that a
-// Cache subscribes only to wait. The notifier's own tests are in
-// internal/notify.
+// Cache subscribes only to wait; that the breaker keeps GetOrLoad off an
+// unreachable Redis and closes when it answers; and that a coalesced read
+// on the wire before a Delete answers no caller that began after it. The
+// notifier's and the breaker's own tests are in internal/notify and
+// internal/health.
 
 package cache
 
@@ -11,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -508,4 +512,177 @@ func TestSubscriptionSurvivesASlowDial(t *testing.T) {
 		wantDials = 3 // and the SUBSCRIBE connection after SSUBSCRIBE was refused (Redis 6)
 	}
 	assert.Equal(t, wantDials, dials.Load(), "dials")
+}
+
+func TestBreakerSkipsAnUnreachableRedis(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		opts      []Option
+		breaker   bool
+		policy    FailurePolicy
+		wantError error
+	}{
+		{"default, fail open", nil, true, FailOpen, nil},
+		{"default, fail closed", nil, true, FailClosed, ErrCircuitOpen},
+		{"off", []Option{WithoutCircuitBreaker()}, false, FailOpen, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rdb, _ := dialCounter(t, deadAddr(t))
+			cmds := redistest.CountCommands(rdb)
+			start := time.Now()
+			var events [EventBreakerClose + 1]atomic.Int64
+			opts := append([]Option{WithFailurePolicy(tc.policy), WithObserver(func(e Event) { events[e.Kind].Add(1) })}, tc.opts...)
+			c := New[product](rdb, opts...)
+			src := &counter{}
+			var errs int
+			for i := range 200 {
+				_, err := c.GetOrLoad(t.Context(), "k"+string(rune('a'+i%26)), src.load)
+				if err != nil {
+					errs++
+					if tc.wantError != nil && i >= 10 {
+						require.ErrorIs(t, err, tc.wantError)
+					}
+				}
+			}
+			if tc.policy == FailOpen {
+				assert.Zero(t, errs)
+				assert.Equal(t, int64(200), src.calls.Load(), "fail open loads each call, uncached")
+			} else {
+				assert.Equal(t, 200, errs)
+				assert.Zero(t, src.calls.Load())
+			}
+			sent := cmds.Count("get")
+			if tc.breaker {
+				// 5 failures open it; then one probe per 1s cool-down.
+				probes := int(time.Since(start)/DefaultBreakerCoolDown) + 1
+				assert.LessOrEqual(t, sent, DefaultBreakerFailures+probes, "an open breaker must keep calls off the dead Redis")
+				assert.Equal(t, int64(1), events[EventBreakerOpen].Load())
+			} else {
+				assert.Equal(t, 200, sent, "without the breaker every call tries Redis")
+			}
+		})
+	}
+}
+
+func TestBreakerClosesWhenRedisAnswersAgain(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t)
+	key := p + "k"
+	addr := freeAddr(t)
+	rdb, dials := dialCounter(t, addr)
+	var closed atomic.Int64
+	c := New[product](rdb, WithCircuitBreaker(2, 50*time.Millisecond), WithObserver(func(e Event) {
+		if e.Kind == EventBreakerClose {
+			closed.Add(1)
+		}
+	}))
+	defer c.Close()
+	src := &counter{}
+	for range 20 {
+		_, err := c.GetOrLoad(t.Context(), key, src.load)
+		require.NoError(t, err)
+	}
+	assert.True(t, c.brk.Open())
+	before := dials.Load()
+
+	// Redis comes back at the same address: a proxy to the test Redis.
+	redistest.ProxyAt(t, addr, redistest.Addr(t))
+	waitFor(t, func() bool {
+		_, err := c.GetOrLoad(t.Context(), key, src.load)
+		return err == nil && !c.brk.Open()
+	})
+	assert.Greater(t, dials.Load(), before, "the probe must reach Redis")
+	assert.Equal(t, int64(1), closed.Load())
+	n := src.calls.Load()
+	for range 5 {
+		_, err := c.GetOrLoad(t.Context(), key, src.load)
+		require.NoError(t, err)
+	}
+	assert.LessOrEqual(t, src.calls.Load(), n+1, "with Redis back the value is cached again")
+}
+
+// TestLostLockIsNotAnOutage: a release that finds its lock gone got a reply
+// from Redis; counted as an outage it opened the breaker and logged Redis as
+// unreachable (what made memory pressure, which evicts locks, look like an
+// outage).
+func TestLostLockIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	rdb, p := setup(t)
+	logs := &logCapture{}
+	c := New[product](rdb, WithCircuitBreaker(1, time.Minute), WithLogger(slog.New(logs)))
+	defer c.Close()
+	key := p + "k"
+	_, err := c.GetOrLoad(t.Context(), key, func(ctx context.Context) (product, error) {
+		require.NoError(t, rdb.Del(ctx, LockKey(key)).Err()) // evicted, or voided by a Delete
+		return product{}, assert.AnError
+	})
+	require.ErrorIs(t, err, assert.AnError)
+	assert.False(t, c.brk.Open(), "a lost lock opened the breaker")
+	assert.Zero(t, logs.count(), "a lost lock was logged as an outage: %q", logs.lines(slog.LevelError))
+}
+
+// queued waits until n of c's reads wait for the next batch.
+func queued[V any](t *testing.T, c *Cache[V], n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := c.redisio.Queued()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reads queued; want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestBatchInFlightDoesNotServeLaterCallers: an MGET ran on the server (its
+// reply not yet back) before a Delete; a Get and a GetOrLoad that begin
+// after the Delete returned must not be answered by it.
+func TestBatchInFlightDoesNotServeLaterCallers(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t)
+	lead, key := p+"lead", p+"item"
+	addr := redistest.Addr(t)
+	rdbA := redistest.Client(t, addr)
+	// The gate goes on before a exists: a's near cache uses rdbA at once, and
+	// go-redis may not allow adding a hook to a client in use.
+	gate := redistest.NewReadGate()
+	rdbA.AddHook(gate)
+	a := New[string](rdbA)
+	b := New[string](redistest.Client(t, addr))
+	require.NoError(t, b.Set(t.Context(), lead, "lead"))
+	require.NoError(t, b.Set(t.Context(), key, "v0"))
+
+	var wg sync.WaitGroup
+	var firstV, laterV string
+	var firstErr, laterErr, getErr error
+	wg.Go(func() {
+		_, _ = a.GetOrLoad(t.Context(), lead, func(context.Context) (string, error) { return "", nil })
+	})
+	gate.Next(t) // lead's GET on the wire
+	wg.Go(func() {
+		firstV, firstErr = a.GetOrLoad(t.Context(), key, func(context.Context) (string, error) { panic("loaded") })
+	})
+	queued(t, a, 1)
+	gate.Release()
+	require.Equal(t, []string{key}, gate.Next(t)) // the MGET ran and found v0
+	require.NoError(t, b.Delete(t.Context(), key))
+
+	wg.Go(func() { _, getErr = a.Get(t.Context(), key) })
+	wg.Go(func() {
+		laterV, laterErr = a.GetOrLoad(t.Context(), key, func(context.Context) (string, error) { return "v2", nil })
+	})
+	queued(t, a, 1) // Get's read waits for the next batch; GetOrLoad joined the flight
+	gate.Open()
+	wg.Wait()
+
+	require.NoError(t, firstErr)
+	assert.Equal(t, "v0", firstV, "the caller that began before the Delete")
+	assert.ErrorIs(t, getErr, ErrCacheMiss, "a Get that began after the Delete returned")
+	require.NoError(t, laterErr)
+	assert.Equal(t, "v2", laterV, "a GetOrLoad that began after the Delete returned")
 }

@@ -1,12 +1,12 @@
-// This file holds what the tests share: clients, keys and a counting
-// loader.
+// This file holds what the tests share: clients, keys, a counting
+// loader and a log capture.
 
 package cache
 
 import (
 	"context"
+	"log/slog"
 	"net"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,15 +50,20 @@ func (c *counter) load(ctx context.Context) (product, error) {
 // redistest.DeadAddr).
 func deadAddr(t *testing.T) string { return redistest.DeadAddr(t) }
 
-// dialOnce makes the client's pool give up a refused dial at once, as
-// go-redis did up to v9.5 (the root module's lowest): later versions try 5
-// times, 100 ms apart (Options.DialerRetries, a field v9.5 lacks), and the
-// tests of an unreachable Redis paid 0.4 s for every call that dialled.
-func dialOnce(o *redis.Options) *redis.Options {
-	if f := reflect.ValueOf(o).Elem().FieldByName("DialerRetries"); f.IsValid() && f.CanInt() {
-		f.SetInt(1)
-	}
-	return o
+// dialCounter is a Redis client whose dials are counted, pointed at addr,
+// that dials once per attempt (see redistest.DialOnce).
+func dialCounter(t *testing.T, addr string) (*redis.Client, *atomic.Int64) {
+	var dials atomic.Int64
+	rdb := redis.NewClient(redistest.DialOnce(&redis.Options{
+		Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	}))
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, &dials
 }
 
 // freeAddr is a loopback address nothing listens on now, for a test that
@@ -92,4 +97,51 @@ func stampede(t *testing.T, caches []*Cache[product], callers int, key string, l
 	close(start)
 	wg.Wait()
 	return vals, errs
+}
+
+// logCapture is a slog.Handler that keeps the records it is given.
+type logCapture struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *logCapture) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logCapture) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, r.Clone())
+	return nil
+}
+func (h *logCapture) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logCapture) WithGroup(string) slog.Handler      { return h }
+
+func (h *logCapture) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.recs)
+}
+
+// lines returns the records at level, each as its message and attributes.
+func (h *logCapture) lines(level slog.Level) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, r := range h.recs {
+		if r.Level != level {
+			continue
+		}
+		line := r.Message
+		r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+		out = append(out, line)
+	}
+	return out
+}
+
+// defaultLogger makes slog.Default() write to a capture for the test.
+func defaultLogger(t *testing.T) *logCapture {
+	h := &logCapture{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(h))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	return h
 }

@@ -1,6 +1,8 @@
 // This file proves that the caches on one Redis client share one set
-// of resources: one subscribed connection per master, one
-// breaker, released by the last Close.
+// of resources: one subscribed connection per master, one breaker whose
+// transitions every cache hears, one health log (an outage logged once,
+// and again after a recovery, through the caches' loggers), released by the
+// last Close.
 
 package cache
 
@@ -8,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -249,4 +252,111 @@ func TestDecodeFailuresAreReported(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, []string{p + "k"}, hooked, "the error hook hears of the key once")
+}
+
+// TestSharedBreakerTellsEveryCache: two Caches on one client share a
+// breaker; the observer of the first must hear every transition, whichever
+// Cache's call (and whichever path: Set, Delete, GetOrLoad, FailClosed)
+// moved it, once each.
+func TestSharedBreakerTellsEveryCache(t *testing.T) {
+	t.Parallel()
+	_, p := setup(t) // its keys, once the test Redis answers at addr
+	addr := freeAddr(t)
+	rdb, _ := dialCounter(t, addr)
+	var opened, closed atomic.Int64
+	first := New[product](rdb, WithPrefix(p), WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithObserver(func(e Event) {
+		switch e.Kind {
+		case EventBreakerOpen:
+			opened.Add(1)
+		case EventBreakerClose:
+			closed.Add(1)
+		}
+	}))
+	defer first.Close()
+	second := New[product](rdb, WithPrefix(p), WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache(), WithFailurePolicy(FailClosed))
+	defer second.Close()
+	src := &counter{}
+	for range 10 { // only the second Cache's calls: the first must still hear
+		_, _ = second.GetOrLoad(t.Context(), "k", src.load)
+	}
+	assert.Equal(t, int64(1), opened.Load(), "breaker_open heard by the first Cache, opened by the second's calls")
+	for range 40 {
+		_ = first.Set(t.Context(), "k", product{ID: "1"})
+		_ = first.Delete(t.Context(), "k")
+		_, _ = first.GetOrLoad(t.Context(), "k", src.load)
+		_, _ = second.GetOrLoad(t.Context(), "k", src.load)
+	}
+	redistest.ProxyAt(t, addr, redistest.Addr(t))
+	waitFor(t, func() bool {
+		_, err := second.GetOrLoad(t.Context(), "k", src.load)
+		return err == nil
+	})
+	assert.GreaterOrEqual(t, opened.Load(), int64(1))
+	assert.Equal(t, opened.Load(), closed.Load(), "every opening heard is followed by one closing")
+}
+
+func TestWrongAddressLogsOncePerOutage(t *testing.T) {
+	// Not parallel: it replaces slog.Default, where other tests' caches log.
+	logs := defaultLogger(t)
+	addr := deadAddr(t)
+	rdb, _ := dialCounter(t, addr)
+	caches := fiveCaches(rdb) // five caches, one client: still one line
+	defer func() {
+		for _, c := range caches {
+			c.Close()
+		}
+	}()
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Go(func() { _ = caches[i%5].waitOnce(t.Context(), "k") })
+	}
+	wg.Wait()
+	errs := logs.lines(slog.LevelError)
+	require.Len(t, errs, 1, "log lines for 100 calls on a wrong address: %q", errs)
+	assert.Contains(t, errs[0], "redis="+addr)
+	assert.Contains(t, errs[0], "connection refused")
+
+	// Under FailClosed the breaker's error says where and why.
+	c := New[product](rdb, WithFailurePolicy(FailClosed))
+	defer c.Close()
+	_, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
+	require.ErrorIs(t, err, ErrCircuitOpen)
+	assert.Contains(t, err.Error(), "cache: circuit breaker open: Redis unreachable: redis at "+addr+": dial tcp "+addr)
+	assert.Contains(t, err.Error(), "connection refused")
+	assert.Len(t, logs.lines(slog.LevelError), 1, "still one line")
+}
+
+func TestOutageLoggedAgainAfterRecovery(t *testing.T) {
+	// Not parallel: it replaces slog.Default, where other tests' caches log.
+	srv := redistest.PrivateServer(t, "it stops and restarts the server")
+	rdb := redis.NewClient(redistest.DialOnce(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ContextTimeoutEnabled: true}))
+	defer rdb.Close()
+	logs := &logCapture{}
+	mine := slog.New(logs)
+	silent := defaultLogger(t)
+	// Without near caches: within their lease they serve "k" from memory
+	// during an outage, and the test needs calls that reach Redis.
+	a := New[product](rdb, WithLogger(mine), WithCircuitBreaker(2, 20*time.Millisecond), WithoutNearCache())
+	defer a.Close()
+	b := New[string](rdb, WithLogger(nil), WithoutNearCache()) // off: adds no logger
+	defer b.Close()
+	calls := func() {
+		for range 20 {
+			_, _ = a.GetOrLoad(t.Context(), "k", (&counter{}).load)
+			_, _ = b.GetOrLoad(t.Context(), "k", func(context.Context) (string, error) { return "v", nil })
+		}
+	}
+	calls()
+	assert.Zero(t, logs.count(), "nothing logged while Redis answers")
+
+	srv.Kill()
+	calls()
+	require.Len(t, logs.lines(slog.LevelError), 1)
+	require.NoError(t, srv.Start())
+	waitFor(t, func() bool { calls(); return len(logs.lines(slog.LevelInfo)) == 1 })
+	assert.Contains(t, logs.lines(slog.LevelInfo)[0], "redis answers again redis="+srv.Addr)
+	srv.Kill()
+	calls()
+	assert.Len(t, logs.lines(slog.LevelError), 2, "a new outage is logged again")
+	assert.Zero(t, silent.count(), "nothing went to slog.Default: WithLogger redirects, WithLogger(nil) is off")
 }

@@ -14,10 +14,18 @@ import (
 
 var errOpen = errors.New("circuit open")
 
+// unusedClient is a client of addr that the test never sends a command
+// through, closed when the test ends.
+func unusedClient(t *testing.T, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
 func logged(t *testing.T) (*State, *bytes.Buffer) {
 	t.Helper()
 	var buf bytes.Buffer
-	h := New(redis.NewClient(&redis.Options{Addr: "203.0.113.1:6379"}))
+	h := New(unusedClient(t, "203.0.113.1:6379"))
 	l := Logger{L: slog.New(slog.NewTextHandler(&buf, nil))}
 	h.Register(l)
 	h.Register(l) // a logger shared by two caches logs once
@@ -56,7 +64,7 @@ func TestMemoryPressureIsOneEpisode(t *testing.T) {
 
 func TestUnregisteredLoggerIsQuiet(t *testing.T) {
 	var buf bytes.Buffer
-	h := New(redis.NewClient(&redis.Options{Addr: "203.0.113.1:6379"}))
+	h := New(unusedClient(t, "203.0.113.1:6379"))
 	l := Logger{L: slog.New(slog.NewTextHandler(&buf, nil))}
 	h.Register(l)
 	h.Unregister(l)
@@ -67,7 +75,7 @@ func TestUnregisteredLoggerIsQuiet(t *testing.T) {
 }
 
 func TestBreakerOpensProbesAndCloses(t *testing.T) {
-	h := New(redis.NewClient(&redis.Options{Addr: "203.0.113.1:6379"}))
+	h := New(unusedClient(t, "203.0.113.1:6379"))
 	b := NewBreaker(3, 20*time.Millisecond, h, errOpen)
 	var heard []bool
 	stop := b.Listen(func(open bool, key string, err error) { heard = append(heard, open) })
@@ -110,7 +118,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 }
 
 func TestBreakerOff(t *testing.T) {
-	b := NewBreaker(0, 0, New(redis.NewClient(&redis.Options{})), errOpen)
+	b := NewBreaker(0, 0, New(unusedClient(t, "")), errOpen)
 	for range 100 {
 		b.Record("k", rediserr.Outage, errors.New("down"))
 	}

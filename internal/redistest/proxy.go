@@ -41,7 +41,14 @@ type link struct {
 // NewProxy starts a proxy to the Redis at upstream on a free loopback port.
 func NewProxy(tb testing.TB, upstream string) *Proxy {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	return ProxyAt(tb, "127.0.0.1:0", upstream)
+}
+
+// ProxyAt starts a proxy to the Redis at upstream that listens at addr: a
+// Redis that comes back at the address its clients know.
+func ProxyAt(tb testing.TB, addr, upstream string) *Proxy {
+	tb.Helper()
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		tb.Fatalf("proxy: %v", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -341,6 +342,17 @@ func Client(tb testing.TB, addr string) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true}) // bounded, as the cache asks (see cache.New)
 	tb.Cleanup(func() { _ = rdb.Close() })
 	return rdb
+}
+
+// DialOnce makes o's pool give up a refused dial at once, as go-redis did
+// up to v9.5 (the root module's lowest): later versions try 5 times, 100 ms
+// apart (Options.DialerRetries, a field v9.5 lacks), and the tests of an
+// unreachable Redis paid 0.4 s for every call that dialled.
+func DialOnce(o *redis.Options) *redis.Options {
+	if f := reflect.ValueOf(o).Elem().FieldByName("DialerRetries"); f.IsValid() && f.CanInt() {
+		f.SetInt(1)
+	}
+	return o
 }
 
 // Prefix returns a key prefix unique to this test run and test, and deletes
