@@ -300,53 +300,73 @@ func runNearReaderChild(env func(string) string) int {
 		if nearOp(env("OP")) != opSet { // DeleteByTag and Clear remove the value: the readers load it from the source
 			load = func(ctx context.Context) (string, error) { return rdb.Get(ctx, sourceKey(env("PREFIX"), key)).Result() }
 		}
-		var (
-			stop    atomic.Bool
-			reads   atomic.Int64
-			mu      sync.Mutex
-			oldAt   []int64 // when reads that got "old" began, Unix ns (the last 4096)
-			warm    = make(chan struct{})
-			warmed  sync.Once
-			hits0   = nearHits.Load()
-			readers sync.WaitGroup
-		)
-		readers.Go(func() {
-			for !stop.Load() {
-				begun := time.Now().UnixNano()
-				v, err := c.GetOrLoad(context.Background(), key, load)
-				reads.Add(1)
-				if err == nil && v == "old" {
-					mu.Lock()
-					if len(oldAt) == 4096 {
-						oldAt = oldAt[1:]
-					}
-					oldAt = append(oldAt, begun)
-					mu.Unlock()
-					if nearHits.Load()-hits0 >= 100 {
-						warmed.Do(func() { close(warm) })
-					}
-				}
-				time.Sleep(50 * time.Microsecond) // leave the CPUs to the other processes
-			}
-		})
-		<-warm
-		fmt.Println("warm")
-		if !in.Scan() {
+		r, ok := readUntilStopped(in, &nearHits, func() (string, error) { return c.GetOrLoad(context.Background(), key, load) })
+		if !ok {
 			return 2
 		}
-		done, _ := strconv.ParseInt(strings.TrimPrefix(in.Text(), "stop "), 10, 64)
-		stop.Store(true)
-		readers.Wait()
-		var after, lag int64
-		for _, at := range oldAt {
-			if at > done {
-				after++
-				lag = max(lag, at-done)
-			}
-		}
-		fmt.Println("result", reads.Load(), nearHits.Load()-hits0, after, lag)
+		fmt.Println("result", r.reads, r.hits, r.after, r.lag)
 	}
 	return 0
+}
+
+// oldReads is what a reader child saw in a round: its reads, the near hits
+// meanwhile, how many reads that began after the stop's moment got "old",
+// and how long after that moment the last of them began, in ns.
+type oldReads struct {
+	reads, hits, after, lag int64
+}
+
+// readUntilStopped is the reading half of a reader child's round: it calls
+// read in a loop, noting when each read that got "old" began (the last
+// 4096); once a read gets "old" with 100 near hits since it began, it says
+// "warm"; told "stop <unix ns>" on in, it stops and counts the reads of
+// "old" that began after that moment. ok is false when in ends first.
+func readUntilStopped(in *bufio.Scanner, nearHits *atomic.Int64, read func() (string, error)) (r oldReads, ok bool) {
+	var (
+		stop    atomic.Bool
+		reads   atomic.Int64
+		mu      sync.Mutex
+		oldAt   []int64 // when reads that got "old" began, Unix ns (the last 4096)
+		warm    = make(chan struct{})
+		warmed  sync.Once
+		hits0   = nearHits.Load()
+		readers sync.WaitGroup
+	)
+	readers.Go(func() {
+		for !stop.Load() {
+			begun := time.Now().UnixNano()
+			v, err := read()
+			reads.Add(1)
+			if err == nil && v == "old" {
+				mu.Lock()
+				if len(oldAt) == 4096 {
+					oldAt = oldAt[1:]
+				}
+				oldAt = append(oldAt, begun)
+				mu.Unlock()
+				if nearHits.Load()-hits0 >= 100 {
+					warmed.Do(func() { close(warm) })
+				}
+			}
+			time.Sleep(50 * time.Microsecond) // leave the CPUs to the other processes
+		}
+	})
+	<-warm
+	fmt.Println("warm")
+	if !in.Scan() {
+		return r, false
+	}
+	done, _ := strconv.ParseInt(strings.TrimPrefix(in.Text(), "stop "), 10, 64)
+	stop.Store(true)
+	readers.Wait()
+	for _, at := range oldAt {
+		if at > done {
+			r.after++
+			r.lag = max(r.lag, at-done)
+		}
+	}
+	r.reads, r.hits = reads.Load(), nearHits.Load()-hits0
+	return r, true
 }
 
 // TestNearCacheAcrossProcesses: no read that began after Set returned got

@@ -11,7 +11,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,48 +68,9 @@ func runTagReaderChild(env func(string) string) int {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		var (
-			stop    atomic.Bool
-			reads   atomic.Int64
-			mu      sync.Mutex
-			oldAt   []int64 // when reads that got "old" began, Unix ns (the last 4096)
-			warm    = make(chan struct{})
-			warmed  sync.Once
-			hits0   = nearHits.Load()
-			readers sync.WaitGroup
-		)
-		readers.Go(func() {
-			for !stop.Load() {
-				begun := time.Now().UnixNano()
-				v, err := c.GetOrLoad(ctx, keyT, load(keyT))
-				reads.Add(1)
-				if err == nil && v == "old" {
-					mu.Lock()
-					if len(oldAt) == 4096 {
-						oldAt = oldAt[1:]
-					}
-					oldAt = append(oldAt, begun)
-					mu.Unlock()
-					if nearHits.Load()-hits0 >= 100 {
-						warmed.Do(func() { close(warm) })
-					}
-				}
-				time.Sleep(50 * time.Microsecond) // leave the CPUs to the other processes
-			}
-		})
-		<-warm
-		fmt.Println("warm")
-		if !in.Scan() {
+		r, ok := readUntilStopped(in, &nearHits, func() (string, error) { return c.GetOrLoad(ctx, keyT, load(keyT)) })
+		if !ok {
 			return 2
-		}
-		done, _ := strconv.ParseInt(strings.TrimPrefix(in.Text(), "stop "), 10, 64)
-		stop.Store(true)
-		readers.Wait()
-		var after int64
-		for _, at := range oldAt {
-			if at > done {
-				after++
-			}
 		}
 		hits := nearHits.Load()
 		_, err := c.GetOrLoad(ctx, keyU, load(keyU))
@@ -118,7 +78,7 @@ func runTagReaderChild(env func(string) string) int {
 		if err == nil && nearHits.Load() == hits+1 {
 			kept = 1
 		}
-		fmt.Println("result", reads.Load(), after, kept)
+		fmt.Println("result", r.reads, r.after, kept)
 	}
 	return 0
 }
