@@ -250,7 +250,10 @@ func TestValuesTheCodecRejects(t *testing.T) {
 	}
 	// A codec that writes but cannot read back: never a wrong value. Every
 	// caller decodes what the cache stored, so every call gets the codec's
-	// decode error, and every call is a miss that reloads (under the lock).
+	// decode error. The first call misses and loads, the second finds a
+	// record it cannot decode and loads again; from there the key is in
+	// quarantine (100 ms, doubling), so the third loads only if the machine
+	// took longer than that (the intervals are tested in cache).
 	t.Run("unreadable", func(t *testing.T) {
 		p := redistest.Prefix(t, direct)
 		c := cache.New[string](direct, cache.WithPrefix(p), cache.WithCodec(unsafeCodec{unmarshal: errCodec}))
@@ -261,8 +264,8 @@ func TestValuesTheCodecRejects(t *testing.T) {
 				t.Errorf("call %d: GetOrLoad = %q, %v; want the codec's decode error", i, v, err)
 			}
 		}
-		if n := src.loads("k"); n != 3 {
-			t.Errorf("loads = %d; want 3: an unreadable record is a miss", n)
+		if n := src.loads("k"); n < 2 || n > 3 {
+			t.Errorf("loads = %d; want 2 (3 past the quarantine's first interval): an unreadable record is a miss", n)
 		}
 		t.Logf("figures: codec that cannot decode: %d loads for 3 sequential calls", src.loads("k"))
 	})
