@@ -188,8 +188,19 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	cfg := c.cfg
 	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]struct{}{}}
 	_, n.clones = any((*V)(nil)).(cloner[V])
-	n.store = otter.Must(&otter.Options[string, *nearEntry[V]]{
-		MaximumWeight: uint64(c.cfg.near.maxBytes),
+	n.store = newNearStore(cfg, n)
+	n.track = startTracker(c, n, cfg)
+	if n.perKey {
+		c.redisio.TrackReads(n.track.ReadVia)
+	}
+	return n
+}
+
+// newNearStore makes n's store, bounded by bytes, which reports
+// evictions and keeps n's tag index.
+func newNearStore[V any](cfg config, n *near[V]) *otter.Cache[string, *nearEntry[V]] {
+	return otter.Must(&otter.Options[string, *nearEntry[V]]{
+		MaximumWeight: uint64(cfg.near.maxBytes),
 		Weigher: func(k string, e *nearEntry[V]) uint32 {
 			return uint32(min(len(k)+len(e.data)+nearEntryOverhead, math.MaxUint32))
 		},
@@ -205,8 +216,13 @@ func newNear[V any](c *Cache[V]) *near[V] {
 			}
 		},
 	})
-	health := c.share.res.health // not c: the near cache must not keep its Cache alive
-	tags := c.tags
+}
+
+// startTracker starts n's tracker on the hub of c's client: strict, or
+// eventual, per key where the client allows it (n.perKey). Its hooks use
+// cfg, a copy, not c: the near cache must not keep its Cache alive.
+func startTracker[V any](c *Cache[V], n *near[V], cfg config) *coherence.Tracker {
+	health, tags := c.share.res.health, c.tags
 	hub := c.share.res.nearHub() // one tracking connection per master for every Cache on the client
 	track := hub.New
 	switch {
@@ -218,21 +234,15 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	case cfg.near.eventual:
 		track = hub.NewEventual
 	}
-	n.track = track(cfg.prefix, cfg.near.lease, coherence.Hooks{
-		OnDrop: func(key string, all bool) { n.drop(&cfg, tags, key, all) },
-		OnLapse: func(holder string) {
-			cfg.emit(EventNearLeaseWait, holder, 0, nil)
-		},
+	return track(cfg.prefix, cfg.near.lease, coherence.Hooks{
+		OnDrop:    func(key string, all bool) { n.drop(&cfg, tags, key, all) },
+		OnLapse:   func(holder string) { cfg.emit(EventNearLeaseWait, holder, 0, nil) },
 		OnRefused: func(err error) { health.NearRefused(cfg.prefix, err) },
 		OnNarrow:  func(err error) { health.NearNarrow(cfg.prefix, err) },
 		OnWiden:   func() { health.NearWiden(cfg.prefix) },
 		Global:    tags.Global,
 		Forget:    tags.ForgetKey,
 	})
-	if n.perKey {
-		c.redisio.TrackReads(n.track.ReadVia)
-	}
-	return n
 }
 
 // get returns the value of the caller's key (without the prefix) from

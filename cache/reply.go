@@ -144,24 +144,29 @@ func (c *Cache[V]) judge(key string, r *result[V], o callOptions, loads bool) ve
 	case freshness.Refresh:
 		due = loads
 	case freshness.Stale:
-		if o.noStale {
-			return verdict[V]{prior: r} // reloaded under the lock
-		}
-		r.stale = true
-		switch {
-		case !loads:
-			c.cfg.emit(EventStaleServed, key, 0, nil)
-			return verdict[V]{hit: r}
-		case r.throttled && r.at.Before(r.freshness.Expiry): // its refresh failed: retried once the throttle ends
-			c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
-			return verdict[V]{hit: r}
-		}
-		return verdict[V]{hit: r, due: true} // EventStaleServed once it is known how (see refreshDue)
+		return c.judgeStale(key, r, o, loads)
 	default:
 		return verdict[V]{prior: r}
 	}
 	c.cfg.emit(EventHit, key, 0, nil)
 	return verdict[V]{hit: r, due: due}
+}
+
+// judgeStale is judge of a value past its TTL that WithStale may serve.
+func (c *Cache[V]) judgeStale(key string, r *result[V], o callOptions, loads bool) verdict[V] {
+	if o.noStale {
+		return verdict[V]{prior: r} // reloaded under the lock
+	}
+	r.stale = true
+	switch {
+	case !loads:
+		c.cfg.emit(EventStaleServed, key, 0, nil)
+		return verdict[V]{hit: r}
+	case r.throttled && r.at.Before(r.freshness.Expiry): // its refresh failed: retried once the throttle ends
+		c.cfg.emit(EventStaleServed, key, 0, ErrRefreshFailed)
+		return verdict[V]{hit: r}
+	}
+	return verdict[V]{hit: r, due: true} // EventStaleServed once it is known how (see refreshDue)
 }
 
 // accepts reports whether a caller with options o may take r, the answer
