@@ -72,7 +72,7 @@ func TestChannelsAreUnderThePrefix(t *testing.T) {
 			if got, want := specSlot(ch), specSlot(key); got != want {
 				t.Errorf("notify.Channel(%q, %q) = %q in slot %d; want the key's slot %d", prefix, key, ch, got, want)
 			}
-			if !strayBrace(prefix) && !strings.HasPrefix(ch, prefix) {
+			if !slot.StrayBrace(prefix) && !strings.HasPrefix(ch, prefix) {
 				t.Errorf("notify.Channel(%q, %q) = %q; want it under the prefix", prefix, key, ch)
 			}
 		}
@@ -81,9 +81,6 @@ func TestChannelsAreUnderThePrefix(t *testing.T) {
 
 // channelPrefixes are prefixes whose braces test the channel's naming.
 var channelPrefixes = []string{"", "product:", "{shop}:", "a{b}:", "a}b:", "a{b:", "{}:", "{"}
-
-// strayBrace reports whether s has a '{' that opens no hash tag.
-func strayBrace(s string) bool { return slot.StrayBrace(s) }
 
 // specSlot is Redis Cluster's key slot, written from the spec
 // independently of internal/slot.
