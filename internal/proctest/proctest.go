@@ -16,8 +16,14 @@ import (
 	"time"
 )
 
-// modeEnv names the child mode of a re-executed test binary.
-const modeEnv = "STAMPEDE_TEST_CHILD"
+// modeEnv names the child mode of a re-executed test binary. legacyModeEnv
+// is the name reliability's children read before this package: a child is
+// given both, so that reliability/upgrade-check.sh can run one version's
+// test with another version's children.
+const (
+	modeEnv       = "STAMPEDE_TEST_CHILD"
+	legacyModeEnv = "STAMPEDE_RELIABILITY_CHILD"
+)
 
 // envPrefix is put before the names of a child's orders, so that they
 // cannot clash with the variables it inherits.
@@ -32,6 +38,9 @@ type Mode func(env func(string) string) int
 // returns at once. Call it first in TestMain.
 func RunChild(modes map[string]Mode) {
 	mode := os.Getenv(modeEnv)
+	if mode == "" {
+		mode = os.Getenv(legacyModeEnv)
+	}
 	if mode == "" {
 		return
 	}
@@ -56,7 +65,7 @@ type Child struct {
 func Start(tb testing.TB, mode string, env map[string]string) *Child {
 	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), modeEnv+"="+mode)
+	cmd.Env = append(os.Environ(), modeEnv+"="+mode, legacyModeEnv+"="+mode)
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, envPrefix+k+"="+v)
 	}
