@@ -10,6 +10,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
@@ -412,4 +413,46 @@ func TestClosingAPerKeyCacheClosesItsReaders(t *testing.T) {
 	require.NoError(t, perKey.Close())
 	assert.True(t, eventually(func() bool { return readerConnCount(t, admin) == 0 }),
 		"%d reader connections still open after the only per-key cache closed", readerConnCount(t, admin))
+}
+
+// TestPerKeyNearCacheBatchesAndTags: GetOrLoadMany's round goes through the
+// readers too, so a batch fills memory and another process's write of one
+// of its keys still reaches it; and a DeleteByTag elsewhere, a write of a
+// version key no reader read, reaches it through the subscribed
+// connection's broadcast of the versions. With a max age of an hour, only
+// those invalidations can replace what memory holds.
+func TestPerKeyNearCacheBatchesAndTags(t *testing.T) {
+	admin, p := setup(t)
+	agedRegistry(t, admin, p)
+	r, ev := newNearCacheOn(t, redistest.Client(t, redistest.Addr(t)), p, WithEventualNearCache(time.Hour), WithTags())
+	w := New[product](redistest.Client(t, redistest.Addr(t)), WithPrefix(p), WithoutNearCache(), WithTags())
+	t.Cleanup(func() { w.Close() })
+	require.True(t, r.near.perKey)
+	keys := []string{"a", "b", "c"}
+	for _, k := range keys {
+		require.NoError(t, w.Set(t.Context(), k, product{ID: "v0"}, Tags("t")))
+	}
+	noLoad := func(context.Context, []string) (map[string]product, error) {
+		return nil, errors.New("no load expected")
+	}
+	batch := func() map[string]product {
+		got, err := r.GetOrLoadMany(t.Context(), keys, noLoad, Tags("t"))
+		require.NoError(t, err)
+		return got
+	}
+	require.True(t, eventually(func() bool {
+		before := ev.get(EventNearHit)
+		got := batch()
+		return got["a"].ID == "v0" && ev.get(EventNearHit) >= before+int64(len(keys))
+	}), "a batch's reads never filled memory")
+
+	require.NoError(t, w.Set(t.Context(), "b", product{ID: "v1"}, Tags("t")))
+	assert.True(t, eventually(func() bool { return batch()["b"].ID == "v1" }), "another process's write of a batch's key never reached memory")
+
+	require.NoError(t, w.DeleteByTag(t.Context(), "t"))
+	assert.True(t, eventually(func() bool {
+		_, err := r.GetOrLoad(t.Context(), "a", func(context.Context) (product, error) { return product{ID: "reloaded"}, nil }, Tags("t"))
+		v, _ := r.Get(t.Context(), "a")
+		return err == nil && v.ID == "reloaded"
+	}), "a DeleteByTag in another process never reached memory")
 }
