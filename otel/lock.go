@@ -8,7 +8,6 @@ import (
 	"errors"
 
 	"github.com/stampede-go/stampede/lock"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -26,50 +25,24 @@ const (
 // as "customer-sync": never the key). Give it to every Obtain, ObtainQuorum
 // or Do of that job.
 //
-// The MeterProvider is [otel.GetMeterProvider] unless [WithMeterProvider]
+// The MeterProvider is [go.opentelemetry.io/otel.GetMeterProvider] unless [WithMeterProvider]
 // says otherwise; [WithAttributes] adds attributes to every data point. It
 // returns an error if name is empty or an instrument cannot be created; the
 // observer it returns with such an error still works, recording what it
 // can. The returned function is safe for concurrent use.
 func LockObserver(name string, opts ...Option) (func(lock.Event), error) {
-	cfg := config{}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if cfg.provider == nil {
-		cfg.provider = otel.GetMeterProvider()
-	}
-	var errs []error
-	if name == "" {
-		errs = append(errs, errors.New("cacheotel: the lock name must not be empty"))
-	}
-	o, err := newLockObserver(cfg.provider.Meter(ScopeName))
-	errs = append(errs, err)
-	o.label(append(append([]attribute.KeyValue(nil), cfg.attrs...), KeyLockName.String(name)))
-	return o.observe, errors.Join(errs...)
-}
-
-// newLockObserver creates the lock's instruments on m; an instrument it
-// could not create is a no-op, and its error is returned.
-func newLockObserver(m metric.Meter) (*lockObserver, error) {
-	var errs []error
-	counter := func(name, unit, desc string) metric.Int64Counter {
-		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return c
-	}
-	wait, err := m.Float64Histogram("lock.wait.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of the calls that took a lock or gave up (Obtain, ObtainQuorum, Do), waits for another holder included, by outcome."),
-		metric.WithExplicitBucketBoundaries(Buckets...))
-	errs = append(errs, err)
-	return &lockObserver{
-		wait:     wait,
-		attempts: counter("lock.attempts", "{attempt}", "Attempts to take a lock made by those calls, retries included, by outcome."),
-		losses: counter("lock.losses", "{loss}",
+	in, base := start(opts, KeyLockName, "lock", name)
+	o := &lockObserver{
+		wait: in.histogram("lock.wait.duration",
+			"Duration of the calls that took a lock or gave up (Obtain, ObtainQuorum, Do), waits for another holder included, by outcome."),
+		attempts: in.counter("lock.attempts", "{attempt}", "Attempts to take a lock made by those calls, retries included, by outcome."),
+		losses: in.counter("lock.losses", "{loss}",
 			"Locks found lost, once per acquisition, by where: while held (a renewal, TTL, or Hold's lease running out) or at Release."),
-		refusals: counter("lock.fence.refusals", "{write}",
+		refusals: in.counter("lock.fence.refusals", "{write}",
 			"Writes that a store refused because a later holder's fence had written (reported by the application with Lock.FenceRefused)."),
-	}, errors.Join(errs...)
+	}
+	o.label(base)
+	return o.observe, in.err()
 }
 
 // label builds, once, the attribute sets of every measurement: base (the

@@ -8,7 +8,6 @@ import (
 	"errors"
 
 	"github.com/stampede-go/stampede/cache"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -46,38 +45,17 @@ var outcomeNames = [numberOfOutcomes]string{outcomeOK: "ok", outcomeNotFound: "n
 // data point with cache.name = name. Several caches may share a name (the
 // instances of one cache in one process) and an observer.
 //
-// The MeterProvider is [otel.GetMeterProvider] unless [WithMeterProvider]
+// The MeterProvider is [go.opentelemetry.io/otel.GetMeterProvider] unless [WithMeterProvider]
 // says otherwise. It returns an error if name is empty or an instrument
 // cannot be created; the observer it returns with such an error still
 // works, recording what it can. The returned function is safe for
 // concurrent use.
 func Observer(name string, opts ...Option) (func(cache.Event), error) {
-	cfg := config{}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if cfg.provider == nil {
-		cfg.provider = otel.GetMeterProvider()
-	}
-	var errs []error
-	if name == "" {
-		errs = append(errs, errors.New("cacheotel: the cache name must not be empty"))
-	}
-	m := cfg.provider.Meter(ScopeName)
-	counter := func(name, unit, desc string) metric.Int64Counter {
-		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return c
-	}
-	histogram := func(name, desc string) metric.Float64Histogram {
-		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-			metric.WithExplicitBucketBoundaries(Buckets...))
-		errs = append(errs, err)
-		return h
-	}
-	open, err := m.Int64UpDownCounter("cache.breaker.open", metric.WithUnit("{breaker}"),
+	in, base := start(opts, KeyName, "cache", name)
+	counter, histogram := in.counter, in.histogram
+	open, err := in.m.Int64UpDownCounter("cache.breaker.open", metric.WithUnit("{breaker}"),
 		metric.WithDescription("Circuit breakers open now: 1 while the breaker of the cache keeps calls off Redis, 0 once it closed (summed over the caches sharing the name)."))
-	errs = append(errs, err)
+	in.errs = append(in.errs, err)
 	o := &observer{
 		breakerOpenNow: open,
 		lookups:        counter("cache.lookups", "{lookup}", "Reads of a key in Redis, by result: a hit, or a miss that a load or a wait follows."),
@@ -108,7 +86,6 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 	}
 
 	// The last of equal keys wins in a set: the package's own come last.
-	base := append(append([]attribute.KeyValue(nil), cfg.attrs...), KeyName.String(name))
 	set := func(extra ...attribute.KeyValue) attribute.Set {
 		return attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), extra...)...)
 	}
@@ -127,7 +104,7 @@ func Observer(name string, opts ...Option) (func(cache.Event), error) {
 	for i, n := range outcomeNames {
 		o.outcome[i] = []metric.RecordOption{metric.WithAttributeSet(set(KeyOutcome.String(n)))}
 	}
-	return o.observe, errors.Join(errs...)
+	return o.observe, in.err()
 }
 
 // observer holds the instruments and, for each measurement, its options

@@ -115,23 +115,31 @@ func readerConns(t *testing.T, admin *redis.Client) []int64 {
 	return ids
 }
 
+// readThenKillTheReaders starts a per-key tracker, reads p+"k" through its
+// reader, takes a ticket of it (tk), and has Redis kill the reader's
+// connections; before is the drops of everything counted before the kill.
+func readThenKillTheReaders(t *testing.T) (tr *Tracker, rdb *redis.Client, p string, tk Ticket, drops *atomic.Int64, before int64) {
+	t.Helper()
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p = redistest.Prefix(t, admin)
+	drops = new(atomic.Int64)
+	tr, rdb = perKeyTracker(t, addr, p, drops)
+	readThrough(t, tr.ReadVia(rdb), p+"k")
+	ids := readerConns(t, admin)
+	require.NotEmpty(t, ids, "no reader connection in CLIENT LIST")
+	tk, before = tr.Ticket(p+"k"), drops.Load()
+	for _, id := range ids {
+		require.NoError(t, admin.ClientKillByFilter(t.Context(), "ID", strconv.FormatInt(id, 10)).Err())
+	}
+	return tr, rdb, p, tk, drops, before
+}
+
 // What a reader's connection read is tracked only while it lives: once the
 // process sees it closed, memory is dropped and reads in flight are void.
 // Here Redis kills it; the next read through the reader finds it dead.
 func TestAClosedReaderConnectionDropsMemory(t *testing.T) {
-	addr := redistest.Addr(t)
-	admin := redistest.Client(t, addr)
-	p := redistest.Prefix(t, admin)
-	var drops atomic.Int64
-	tr, rdb := perKeyTracker(t, addr, p, &drops)
-	readThrough(t, tr.ReadVia(rdb), p+"k")
-	ids := readerConns(t, admin)
-	require.NotEmpty(t, ids, "no reader connection in CLIENT LIST")
-	tk := tr.Ticket(p + "k")
-	before := drops.Load()
-	for _, id := range ids {
-		require.NoError(t, admin.ClientKillByFilter(t.Context(), "ID", strconv.FormatInt(id, 10)).Err())
-	}
+	tr, rdb, p, tk, drops, before := readThenKillTheReaders(t)
 	_ = tr.ReadVia(rdb).Get(t.Context(), p+"k").Err() // fails, or succeeds on a new connection
 	assert.Greater(t, drops.Load(), before, "a reader connection closed without a drop of memory")
 	assert.False(t, tr.Valid(tk), "a read in flight survived its connection's close")
@@ -182,19 +190,7 @@ func TestTheReaderFollowsItsSubscribedConnection(t *testing.T) {
 // tracked: the hub's check asks the server for the readers' connections
 // and drops memory when one is gone, without waiting for that use.
 func TestAnIdleReaderConnectionClosedByTheServerDropsMemory(t *testing.T) {
-	addr := redistest.Addr(t)
-	admin := redistest.Client(t, addr)
-	p := redistest.Prefix(t, admin)
-	var drops atomic.Int64
-	tr, rdb := perKeyTracker(t, addr, p, &drops)
-	readThrough(t, tr.ReadVia(rdb), p+"k")
-	ids := readerConns(t, admin)
-	require.NotEmpty(t, ids, "no reader connection in CLIENT LIST")
-	tk := tr.Ticket(p + "k")
-	before := drops.Load()
-	for _, id := range ids {
-		require.NoError(t, admin.ClientKillByFilter(t.Context(), "ID", strconv.FormatInt(id, 10)).Err())
-	}
+	tr, _, _, tk, drops, before := readThenKillTheReaders(t)
 	assert.True(t, eventually(func() bool { return drops.Load() > before }), "an idle reader connection closed by the server went unnoticed")
 	assert.False(t, tr.Valid(tk), "a read in flight survived its connection's close")
 }
