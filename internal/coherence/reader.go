@@ -46,9 +46,10 @@ const readerGrace = 10 * time.Second
 
 // bindReader gives n a reader that redirects to its current subscribed
 // connection, and retires the one it had. Called when the invalidations'
-// subscription is confirmed, before the trackers' reads in flight are
-// voided: a read that takes its ticket after that void is sent through the
-// new reader. h.tmu is held for reading.
+// subscription is confirmed (h.tmu held for reading), before the trackers'
+// reads in flight are voided: a read that takes its ticket after that void
+// is sent through the new reader; and by register for the first per-key
+// tracker of a node already subscribed (h.tmu and h.mu held).
 func (h *Hub) bindReader(n *node, base *redis.Options) {
 	select {
 	case <-n.stopped: // (a confirmation that raced with the node's stop)
