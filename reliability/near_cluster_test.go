@@ -24,11 +24,7 @@ func TestClusterNearCacheAcrossInstancesAndMigration(t *testing.T) {
 	cl := startCluster(t, masters)
 	ctx := context.Background()
 	p := "near" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
-	tag := "{" + p + "mig}"
-	keys := keysOnEveryMaster(p, masters, 3)
-	for i := range 6 { // keys of one slot, which migrates
-		keys = append(keys, tag+strconv.Itoa(i))
-	}
+	keys, tag := migrationKeys(p, masters, 6)
 	var nearHits, drops atomic.Int64
 	opts := []cache.Option{cache.WithPrefix(p), cache.WithNearCache(1 << 20), cache.WithNearMaxAge(nearMaxAge)}
 	reader := cache.New[string](cl.client(t), append(opts, cache.WithObserver(func(e cache.Event) {
@@ -170,6 +166,17 @@ func TestClusterNearCacheAcrossInstancesAndMigration(t *testing.T) {
 		len(keys), 6, s, from, to, reads.Load(), nearHits.Load(), drops.Load(), waitsBefore, killWaits, stale.Load())
 }
 
+// migrationKeys returns 3 keys under p on each of the masters, then
+// inSlot keys of one slot, whose hash tag is tag: the slot a test moves.
+func migrationKeys(p string, masters, inSlot int) (keys []string, tag string) {
+	tag = "{" + p + "mig}"
+	keys = keysOnEveryMaster(p, masters, 3)
+	for i := range inSlot {
+		keys = append(keys, tag+strconv.Itoa(i))
+	}
+	return keys, tag
+}
+
 // round is the write round of a value "v<round>".
 func round(v string) int {
 	n, err := strconv.Atoi(strings.TrimPrefix(v, "v"))
@@ -192,11 +199,7 @@ func TestClusterPerKeyNearCacheAcrossMastersAndMigration(t *testing.T) {
 	cl := startCluster(t, masters)
 	ctx := context.Background()
 	p := "perkey" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
-	tag := "{" + p + "mig}"
-	keys := keysOnEveryMaster(p, masters, 3)
-	for i := range 4 { // keys of one slot, which migrates
-		keys = append(keys, tag+strconv.Itoa(i))
-	}
+	keys, tag := migrationKeys(p, masters, 4)
 	var nearHits atomic.Int64
 	reader := cache.New[string](cl.client(t), cache.WithPrefix(p), cache.WithEventualNearCache(time.Hour),
 		cache.WithObserver(func(e cache.Event) {
