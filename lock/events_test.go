@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -145,13 +144,7 @@ func TestObserverObtainRedisError(t *testing.T) {
 func TestObserverObtainQuorum(t *testing.T) {
 	t.Parallel()
 	_, p := setup(t)
-	var masters []redis.Scripter
-	var clients []*redis.Client
-	for db := range 3 {
-		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), DB: db})
-		t.Cleanup(func() { redistest.DeletePrefix(c, p); _ = c.Close() })
-		masters, clients = append(masters, c), append(clients, c)
-	}
+	masters, clients := quorumOf3(t, p)
 	key := p + "invoice-run"
 	var rec recorder
 	l, err := ObtainQuorum(t.Context(), masters, key, 10*time.Second, rec.option())

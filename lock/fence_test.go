@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/redistest"
 	"github.com/stampede-go/stampede/internal/slot"
 	"github.com/stretchr/testify/assert"
@@ -188,13 +187,7 @@ func TestFenceCounterNotAnInteger(t *testing.T) {
 // no counter on any master.
 func TestFenceQuorumIsZero(t *testing.T) {
 	_, p := setup(t)
-	var masters []redis.Scripter
-	var clients []*redis.Client
-	for db := range 3 {
-		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), DB: db})
-		t.Cleanup(func() { redistest.DeletePrefix(c, p); _ = c.Close() })
-		masters, clients = append(masters, c), append(clients, c)
-	}
+	masters, clients := quorumOf3(t, p)
 	key := p + "invoice-run"
 	l, err := ObtainQuorum(t.Context(), masters, key, 10*time.Second)
 	require.NoError(t, err)

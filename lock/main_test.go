@@ -53,3 +53,18 @@ func setup(t *testing.T) (*redis.Client, string) {
 	rdb := redistest.Client(t, redistest.Addr(t))
 	return rdb, redistest.Prefix(t, rdb)
 }
+
+// quorumOf3 returns three "masters" for a quorum lock (databases 0 to 2 of
+// the test server, as Scripters and as clients), whose keys under p are
+// deleted when the test ends.
+func quorumOf3(t *testing.T, p string) ([]redis.Scripter, []*redis.Client) {
+	t.Helper()
+	var masters []redis.Scripter
+	var clients []*redis.Client
+	for db := range 3 {
+		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), DB: db})
+		t.Cleanup(func() { redistest.DeletePrefix(c, p); _ = c.Close() })
+		masters, clients = append(masters, c), append(clients, c)
+	}
+	return masters, clients
+}
