@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,7 +27,7 @@ import (
 // closed client when it invalidates, and nobody is told. So a reader's
 // connections are never closed on purpose while it is current (no idle
 // reaping, no lifetime), and a close, whatever its cause, drops the memory
-// of every per-key tracker of the hub (see Hub.readerClosed). A reader is
+// of every per-key tracker of the hub (see Hub.readerLost). A reader is
 // bound to one subscribed connection: when that one is replaced, so is the
 // reader (see Hub.bindReader).
 type reader struct {
@@ -59,7 +58,7 @@ func (h *Hub) bindReader(n *node, base *redis.Options) {
 	r := &reader{sub: n.id.Load(), conns: map[int64]bool{}}
 	opt := readerOptions(base)
 	opt.OnConnect = readerOnConnect(r, base.OnConnect)
-	opt.Dialer = closeNotifier(opt.Dialer, func() { h.readerClosed(n, r) })
+	opt.Dialer = closeNotifier(opt.Dialer, func() { h.readerLost(n.addr, r) })
 	r.client = redis.NewClient(&opt)
 	if old := h.setReader(n, r); old != nil {
 		h.retire(old)
@@ -140,9 +139,9 @@ func (h *Hub) checkReaders(ctx context.Context) {
 	if m == nil || !h.hasPerKey() {
 		return
 	}
-	for _, r := range *m {
-		if gone := r.missing(ctx); gone {
-			h.readerGone(r)
+	for addr, r := range *m {
+		if r.missing(ctx) {
+			h.readerLost(addr, r)
 		}
 	}
 }
@@ -235,20 +234,13 @@ func (c *notifyingConn) Close() error {
 	return err
 }
 
-// readerClosed is told that a connection of r, n's reader, closed: what it
-// read is no longer tracked, so every per-key tracker drops its memory and
-// voids its reads in flight. A reader that was replaced or stopped is
-// ignored: its replacement voided everything already.
-func (h *Hub) readerClosed(n *node, r *reader) {
-	if n.reader.Load() != r {
-		return
-	}
-	h.dropPerKey()
-}
-
-// readerGone is checkReaders' readerClosed: r is a current reader.
-func (h *Hub) readerGone(r *reader) {
-	if m := h.readers.Load(); m != nil && slices.Contains(slices.Collect(maps.Values(*m)), r) {
+// readerLost is told that a connection of r, the reader at addr, closed
+// or is gone from the server: what it read is no longer tracked, so every
+// per-key tracker drops its memory and voids its reads in flight. A reader
+// that was replaced or stopped is ignored: its replacement voided
+// everything already.
+func (h *Hub) readerLost(addr string, r *reader) {
+	if m := h.readers.Load(); m != nil && (*m)[addr] == r {
 		h.dropPerKey()
 	}
 }
@@ -307,8 +299,3 @@ func (t *Tracker) ReadVia(node *redis.Client) *redis.Client {
 	}
 	return r.client
 }
-
-// PerKey reports whether the tracker hears only the writes of keys read
-// through [Tracker.ReadVia]'s readers (and of its Global keys), not every
-// write of its prefix.
-func (t *Tracker) PerKey() bool { return t.perKey }
