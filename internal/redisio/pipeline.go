@@ -50,7 +50,7 @@ func (cl *Client) pipeline(ctx context.Context, keys []string, cmds []redis.Cmde
 		for i := range all {
 			all[i] = i
 		}
-		sendVia(ctx, rdb, cmds, all, tracked, cl.reads.route)
+		sendVia(ctx, rdb, cmds, all, tracked, cl.reads.route, nil)
 		return
 	}
 	r := &clusterRound{cc: cl.cluster, cmds: cmds, asking: make([]bool, len(cmds)), tracked: tracked, route: cl.reads.route}
@@ -105,35 +105,31 @@ func (r *clusterRound) redirected(ctx context.Context, pending []int) (again []i
 // send sends cmds[idx] to node in one pipeline, each command with asking
 // set preceded by ASKING (which holds for the next command only).
 func (r *clusterRound) send(ctx context.Context, node *redis.Client, idx []int) {
-	sendVia(ctx, node, r.cmds, idx, r.tracked, r.route, r.asking...)
+	sendVia(ctx, node, r.cmds, idx, r.tracked, r.route, r.asking)
 }
 
 // sendVia sends cmds[idx] to node in one pipeline, each command whose
-// asking is set preceded by ASKING (which holds for the next command only).
-// With tracked non-nil the commands are reads: they go through node's
-// tracked reader if route gives one (tracked[i] set), and again through
-// node if the reader failed (see readerFailed).
-func sendVia(ctx context.Context, node redis.Cmdable, cmds []redis.Cmder, idx []int, tracked []bool, route func(*redis.Client) (*redis.Client, bool), asking ...bool) {
-	for _, i := range idx {
-		if tracked != nil {
-			tracked[i] = false // (a redirect's next hop may not be)
-		}
+// asking is set (asking may be nil) preceded by ASKING, which holds for the
+// next command only. With tracked non-nil the commands are reads, sent
+// through node's tracked reader where route gives one (see throughReader);
+// tracked[i] says whether cmds[i] went through one on this hop.
+func sendVia(ctx context.Context, node redis.Cmdable, cmds []redis.Cmder, idx []int, tracked []bool, route func(*redis.Client) (*redis.Client, bool), asking []bool) {
+	c, ok := node.(*redis.Client)
+	if !ok || tracked == nil {
+		sendPipeline(ctx, node, cmds, idx, asking)
+		return
 	}
-	if c, ok := node.(*redis.Client); ok && tracked != nil {
-		if rdr, ok := route(c); ok {
-			sendPipeline(ctx, rdr, cmds, idx, asking)
-			if !anyCmdFailed(cmds, idx) {
-				for _, i := range idx {
-					tracked[i] = true
-				}
-				return
-			}
+	viaReader := throughReader(c, route,
+		func(n *redis.Client) { sendPipeline(ctx, n, cmds, idx, asking) },
+		func() bool { return anyCmdFailed(cmds, idx) },
+		func() {
 			for _, i := range idx {
 				cmds[i].SetErr(nil)
 			}
-		}
+		})
+	for _, i := range idx {
+		tracked[i] = viaReader
 	}
-	sendPipeline(ctx, node, cmds, idx, asking)
 }
 
 // sendPipeline sends cmds[idx] to node in one pipeline (see sendVia).

@@ -125,23 +125,39 @@ func (co *coalescer) route(node *redis.Client) (*redis.Client, bool) {
 }
 
 // sendVia fills reads, meant for node, through node's tracked reader if it
-// has one, and through node itself if it has none or the reader failed
-// (see readerFailed: a reader that cannot connect must not fail reads that
-// node can serve).
+// has one (see throughReader), and notes whether it did.
 func (co *coalescer) sendVia(node *redis.Client, reads []*pendingRead, send func(*redis.Client)) {
-	if rdr, ok := co.route(node); ok {
-		send(rdr)
-		if !anyReaderFailed(reads) {
+	if co.via == nil { // no near cache tracks per key: nothing to route
+		send(node)
+		return
+	}
+	tracked := throughReader(node, co.route, send,
+		func() bool { return anyReaderFailed(reads) },
+		func() {
 			for _, r := range reads {
-				r.tracked = true
+				r.val, r.vals, r.err = nil, nil, nil
 			}
-			return
+		})
+	for _, r := range reads {
+		r.tracked = tracked
+	}
+}
+
+// throughReader sends through node's tracked reader if route gives one,
+// and through node itself if it gives none or the reader failed (failed,
+// see readerFailed; reset clears what the failed send left): a reader
+// that cannot connect must not fail reads that node can serve. It reports
+// whether the reader served them.
+func throughReader(node *redis.Client, route func(*redis.Client) (*redis.Client, bool), send func(*redis.Client), failed func() bool, reset func()) bool {
+	if rdr, ok := route(node); ok {
+		send(rdr)
+		if !failed() {
+			return true
 		}
-		for _, r := range reads {
-			r.val, r.vals, r.err = nil, nil, nil
-		}
+		reset()
 	}
 	send(node)
+	return false
 }
 
 // anyReaderFailed reports whether a read failed through a reader (see

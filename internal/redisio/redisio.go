@@ -65,10 +65,7 @@ type Reply struct {
 // server (see GetWith), and whether the read went through a tracked
 // reader.
 func (cl *Client) Read(ctx context.Context, key string, extra []string) Reply {
-	if len(extra) > 0 && cl.reads.server == nil {
-		return Reply{Err: errors.New("cache: redis: a read with other keys needs a single-server client")}
-	}
-	return cl.reads.get(ctx, key, extra, false)
+	return cl.read(ctx, key, extra, false)
 }
 
 // ReadDetached is Read, sent on a batch's context even when nothing else
@@ -76,10 +73,15 @@ func (cl *Client) Read(ctx context.Context, key string, extra []string) Reply {
 // the read short: go-redis closes a connection whose read a deadline cut,
 // and the close of a tracked reader's connection drops the near cache.
 func (cl *Client) ReadDetached(ctx context.Context, key string, extra []string) Reply {
+	return cl.read(ctx, key, extra, true)
+}
+
+// read is Read, or with detached ReadDetached.
+func (cl *Client) read(ctx context.Context, key string, extra []string, detached bool) Reply {
 	if len(extra) > 0 && cl.reads.server == nil {
 		return Reply{Err: errors.New("cache: redis: a read with other keys needs a single-server client")}
 	}
-	return cl.reads.get(ctx, key, extra, true)
+	return cl.reads.get(ctx, key, extra, detached)
 }
 
 // TrackReads sends the reads of Read and Reads through via(node), node's
