@@ -118,6 +118,7 @@ func (c *Cache[V]) writeTracker() *coherence.Tracker {
 			OnLapse:  func(holder string) { cfg.emit(EventNearLeaseWait, holder, 0, nil) },
 			OnNarrow: func(err error) { health.NearNarrow(cfg.prefix, err) },
 			OnWiden:  func() { health.NearWiden(cfg.prefix) },
+			Global:   c.tags.Global, // a write of a tag or Clear version waits for every per-key holder
 		})
 		// Closed by Cache.Close (closeWriter), or when c is collected.
 		runtime.AddCleanup(c, func(t *coherence.Tracker) { go t.Close() }, w.track)

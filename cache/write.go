@@ -151,7 +151,7 @@ func (c *Cache[V]) writeConfirmed(ctx context.Context, keys []string, script *re
 	for attempt := 1; ; attempt++ {
 		var wait func() error
 		if t := c.writeTracker(); t != nil {
-			wait, err = t.Write(ctx, pipe, direct)
+			wait, err = t.Write(ctx, keys, pipe, direct)
 		} else {
 			err = direct()
 		}

@@ -32,7 +32,9 @@ type confirmation struct {
 }
 
 // Write runs a write of keys under the tracker's prefix and announces it to
-// the other processes' near caches. On a single server (a *redis.Client)
+// the other processes' near caches: on a single server or a cluster to the
+// per-key holders of keys and to every holder that tracks by prefix (see
+// confirm_keys.lua), on a Ring to every holder. On a single server (a *redis.Client)
 // pipe adds the write's commands to one pipeline with the announcement,
 // whose marker is then a key that the confirmation script writes and
 // deletes: Redis sends its invalidation with the write's own or after it,
@@ -51,11 +53,14 @@ type confirmation struct {
 // first; the write itself is done either way. A write that is retried
 // instead need not call wait. A writer's tracker ([NewWriter]) waits the
 // same way.
-func (t *Tracker) Write(ctx context.Context, pipe func(redis.Pipeliner), direct func() error) (wait func() error, err error) {
+func (t *Tracker) Write(ctx context.Context, keys []string, pipe func(redis.Pipeliner), direct func() error) (wait func() error, err error) {
 	if _, ok := t.rdb.(*redis.Client); ok {
-		wait, err = t.writeInline(ctx, pipe)
+		wait, err = t.writeInline(ctx, keys, pipe)
 	} else {
 		err = direct()
+	}
+	if wait == nil && t.keyed() {
+		wait = func() error { return t.confirmKeys(ctx, keys) }
 	}
 	if wait == nil {
 		wait = func() error { return t.confirm(ctx) }
@@ -66,13 +71,19 @@ func (t *Tracker) Write(ctx context.Context, pipe func(redis.Pipeliner), direct 
 // writeInline sends the commands write adds and the confirmation in one
 // pipeline. It returns the write's error and, when the write succeeded,
 // the wait for the acknowledgements (which must be called).
-func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)) (wait func() error, err error) {
+func (t *Tracker) writeInline(ctx context.Context, keys []string, write func(p redis.Pipeliner)) (wait func() error, err error) {
 	seq, marker, cf := t.begin()
 	var confirm *redis.Cmd
-	keys := t.registries()
+	var regs []string // (registries() spends a narrowed tracker's try of the registry: only when used)
+	keyed := t.keyed()
 	cmds, perr := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		write(p)
-		confirm = confirmScript.EvalSha(ctx, p, append(keys, t.markKeys+marker), "", marker) // a NOSCRIPT confirms by the marker, below
+		if keyed {
+			confirm = t.confirmKeysCmd(ctx, p, keys, marker, t.fleet(keys), nil, false)
+		} else {
+			regs = t.registries()
+			confirm = confirmScript.EvalSha(ctx, p, append(regs, t.markKeys+marker), "", marker) // a NOSCRIPT confirms by the marker, below
+		}
 		return nil
 	})
 	recv := nanotime()
@@ -90,12 +101,19 @@ func (t *Tracker) writeInline(ctx context.Context, write func(p redis.Pipeliner)
 	}
 	return func() error {
 		reply, err := confirm.Slice()
-		if err != nil { // the marker key could not be written (maxmemory, say): publish the marker instead
-			t.narrowed(err, keys)
+		switch {
+		case err != nil && keyed: // NOSCRIPT, say: confirmed again, by EVAL
+			t.end(seq)
+			return t.confirmKeys(ctx, keys)
+		case err != nil: // the marker key could not be written (maxmemory, say): publish the marker instead
+			t.narrowed(err, regs)
 			t.end(seq)
 			return t.confirm(ctx)
+		case keyed:
+			reply = leasesOf(reply)
+		default:
+			t.widened(regs)
 		}
-		t.widened(keys)
 		defer t.end(seq)
 		return t.await(ctx, cf, marker, reply, recv)
 	}, nil

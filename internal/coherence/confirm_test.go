@@ -95,7 +95,7 @@ func TestWriteIsAcknowledged(t *testing.T) {
 
 	for i := range 2 {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second) // under the holder's lease
-		wait, err := writer.Write(ctx,
+		wait, err := writer.Write(ctx, []string{p + "k"},
 			func(pl redis.Pipeliner) { pl.Set(ctx, p+"k", i, 0) },
 			func() error { return wrdb.Set(ctx, p+"k", i, 0).Err() })
 		require.NoError(t, err)

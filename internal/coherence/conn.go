@@ -49,7 +49,7 @@ func (n *node) trackedPrefixes() []string {
 // serves reports whether n delivers everything t needs: its invalidations
 // and its channels, confirmed since the last loss. Hub.mu is held.
 func (n *node) serves(t *Tracker) bool {
-	if !n.subbed.Load() || !n.confirmed[t.markCh] || !n.confirmed[t.ackCh] || !covered(t.broadcast(), n.trackedPrefixes()) {
+	if !n.subbed.Load() || !n.confirmed[t.markCh] || !n.confirmed[t.ackCh] || t.holdCh != "" && !n.confirmed[t.holdCh] || !t.coveredBy(n.trackedPrefixes()) {
 		return false
 	}
 	r := n.reader.Load()
@@ -57,8 +57,14 @@ func (n *node) serves(t *Tracker) bool {
 }
 
 // ownChannels are what t needs subscribed on every connection: the markers
-// of its prefix and its own acknowledgements.
-func (t *Tracker) ownChannels() []string { return []string{t.markCh, t.ackCh} }
+// of its prefix, its own acknowledgements, and a per-key holder's own
+// markers.
+func (t *Tracker) ownChannels() []string {
+	if t.holdCh != "" {
+		return []string{t.markCh, t.ackCh, t.holdCh}
+	}
+	return []string{t.markCh, t.ackCh}
+}
 
 // startNode opens the tracking connection to one node. Tracking is enabled
 // on the connection itself, in its OnConnect, before go-redis (re)subscribes
@@ -244,7 +250,7 @@ func (h *Hub) apply(n *node, msg any) bool {
 			return true
 		}
 		for _, t := range h.byChan[m.Channel] {
-			if m.Channel == t.markCh {
+			if m.Channel == t.markCh || m.Channel == t.holdCh {
 				t.marked(n, m.Payload)
 			} else {
 				t.acked(m.Payload)

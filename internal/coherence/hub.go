@@ -110,7 +110,9 @@ func (h *Hub) ConnIDs() []int64 {
 func (h *Hub) register(t *Tracker) {
 	h.tmu.Lock()
 	h.trackers = append(h.trackers, t)
-	h.prefixes[t.broadcast()]++
+	for _, p := range t.broadcasts() {
+		h.prefixes[p]++
+	}
 	for _, ch := range t.ownChannels() {
 		h.byChan[ch] = append(h.byChan[ch], t)
 	}
@@ -120,7 +122,7 @@ func (h *Hub) register(t *Tracker) {
 	h.mu.Lock()
 	t.nnodes.Store(int32(len(h.nodes)))
 	for _, n := range h.nodes {
-		if covered(t.broadcast(), n.trackedPrefixes()) {
+		if t.coveredBy(n.trackedPrefixes()) {
 			_ = n.sub.Subscribe(ctx, t.ownChannels()...) // on failure go-redis subscribes again when it reconnects
 		} else {
 			restart(n)
@@ -144,8 +146,10 @@ func (h *Hub) register(t *Tracker) {
 func (h *Hub) unregister(t *Tracker) {
 	h.tmu.Lock()
 	h.trackers = slices.DeleteFunc(h.trackers, func(o *Tracker) bool { return o == t })
-	if h.prefixes[t.broadcast()]--; h.prefixes[t.broadcast()] <= 0 {
-		delete(h.prefixes, t.broadcast())
+	for _, p := range t.broadcasts() {
+		if h.prefixes[p]--; h.prefixes[p] <= 0 {
+			delete(h.prefixes, p)
+		}
 	}
 	var gone []string
 	for _, ch := range t.ownChannels() {

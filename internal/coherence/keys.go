@@ -55,3 +55,43 @@ func markChannel(prefix string) string { return prefix + "stampede:near:mark" }
 func ackChannel(prefix, id string) string {
 	return prefix + "stampede:near:ack:" + id
 }
+
+// HoldRegistryKey is the lease registry of the strict per-key near caches
+// of prefix ([Hub.NewHolder]), shaped as [RegistryKey] (ACL pattern
+// ~{*}:stampede:hold:<prefix>) and in its slot: a per-key holder's lease
+// there is waited for only by the writes of the keys it holds, while
+// [RegistryKey] lists the holders every write waits for.
+func HoldRegistryKey(prefix string) string { return slot.Front(prefix, holdSuffix) }
+
+const holdSuffix = ":stampede:hold:"
+
+// IsHoldRegistry reports whether key is the [HoldRegistryKey] of some
+// prefix, a name no value key may take.
+func IsHoldRegistry(key string) bool {
+	if !strings.HasPrefix(key, "{") {
+		return false
+	}
+	j := strings.IndexByte(key, '}')
+	rest, ok := strings.CutPrefix(key[j+1:], holdSuffix)
+	return ok && HoldRegistryKey(rest) == key
+}
+
+// HoldersKey is the set of the processes that hold key in memory: a hash
+// of holder id to "1", in key's slot and under key itself (so under the
+// prefix and its ACL pattern), of a shape no value key may take. A strict
+// per-key holder writes it before each read of key it may keep, and a
+// write of key reads it after the write.
+func HoldersKey(key string) string { return slot.Companion(key, holdersSuffix) }
+
+const holdersSuffix = ":stampede:holders"
+
+// IsHolders reports whether key is the [HoldersKey] of some key.
+func IsHolders(key string) bool {
+	_, ok := slot.CompanionOf(key, holdersSuffix)
+	return ok
+}
+
+// holdChannel carries writers' markers to one per-key holder: a write
+// announces itself only to the holders of its keys. Under the prefix, as
+// the other channels.
+func holdChannel(prefix, id string) string { return prefix + "stampede:near:hold:" + id }

@@ -78,7 +78,11 @@ func (t *Tracker) renew(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, t.lease/2)
 	defer cancel()
 	t0 := nanotime()
-	reply, err := t.runLease(ctx, leaseScript, t.id, t.lease.Milliseconds())
+	perKey := "0"
+	if t.holdCh != "" {
+		perKey = "1"
+	}
+	reply, err := t.runLease(ctx, leaseScript, t.id, t.lease.Milliseconds(), perKey)
 	if err != nil || len(reply) != 2 {
 		if err != nil {
 			t.refuse(fmt.Errorf("the lease script: %w", err))

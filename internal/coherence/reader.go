@@ -60,6 +60,7 @@ func (h *Hub) bindReader(n *node, base *redis.Options) {
 	opt.OnConnect = readerOnConnect(r, base.OnConnect)
 	opt.Dialer = closeNotifier(opt.Dialer, func() { h.readerLost(n.addr, r) })
 	r.client = redis.NewClient(&opt)
+	r.client.AddHook(registrar{h: h, client: func() *redis.Client { return r.client }})
 	if old := h.setReader(n, r); old != nil {
 		h.retire(old)
 	}

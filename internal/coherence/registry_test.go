@@ -208,7 +208,7 @@ func TestConcurrentWritesSwitchToTheOldRegistry(t *testing.T) {
 	for i := range 32 {
 		wg.Go(func() {
 			ctx := t.Context()
-			wait, err := w.Write(ctx, nil, func() error { return ring.Set(ctx, "product:k", i, 0).Err() })
+			wait, err := w.Write(ctx, []string{"product:k"}, nil, func() error { return ring.Set(ctx, "product:k", i, 0).Err() })
 			if err == nil {
 				err = wait()
 			}
@@ -257,7 +257,7 @@ func TestNarrowedTrackerTakesUpAFixedRule(t *testing.T) {
 	write := func() {
 		t.Helper()
 		ctx := t.Context()
-		wait, err := w.Write(ctx, func(p redis.Pipeliner) { p.Set(ctx, "product:k", "v", 0) }, nil)
+		wait, err := w.Write(ctx, []string{"product:k"}, func(p redis.Pipeliner) { p.Set(ctx, "product:k", "v", 0) }, nil)
 		require.NoError(t, err)
 		require.NoError(t, wait())
 	}

@@ -128,6 +128,16 @@ type Tracker struct {
 	// write of the keys under globals (the tag and Clear versions).
 	perKey  bool
 	globals string
+
+	// A strict per-key near cache (NewHolder): per-key tracking, a lease in
+	// the per-key registry, and markers on a channel of its own, which
+	// writers publish only for the keys it holds (see holders.go).
+	holdCh string
+
+	// The writer's side of per-key holders: when an ACL last refused the
+	// per-key registry to a write's confirmation (0: never); writes then
+	// confirm as earlier versions did, asking again every RegistryRetry.
+	holdRefusedAt atomic.Int64
 }
 
 // New starts the tracker of a near cache of the keys under prefix on rdb (a
@@ -200,13 +210,52 @@ func (h *Hub) NewPerKey(prefix, globals string, leaseLen time.Duration, hooks Ho
 	return t
 }
 
-// broadcast is the prefix whose every write the tracker must hear: its
-// own, or a per-key tracker's globals.
-func (t *Tracker) broadcast() string {
-	if t.perKey {
-		return t.globals
+// NewHolder starts the tracker of a strictly coherent near cache, as
+// [Hub.New] does, whose tracking is per key, as [Hub.NewPerKey]'s: it
+// reads through the readers, and each read that it may keep first
+// registers it as a holder of the key ([HoldersKey]). A write of a key
+// waits only for that key's holders (each at most until its lease ends),
+// and a write of a key nobody holds for nobody; writes of the keys under
+// globals wait for every holder. Its lease is in [HoldRegistryKey], and in
+// [RegistryKey] too while that exists, where writers of earlier versions
+// and holders that track by prefix wait for everyone.
+func (h *Hub) NewHolder(prefix, globals string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	t, ctx := newTracker(h.rdb, prefix, leaseLen, hooks)
+	t.hub = h
+	t.perKey, t.globals = true, globals
+	t.registry, t.legacy = HoldRegistryKey(prefix), RegistryKey(prefix)
+	t.holdCh = holdChannel(prefix, t.id)
+	t.renewNow, t.acks = make(chan struct{}, 1), make(chan string, 4096)
+	rctx, stopRenew := context.WithCancel(ctx)
+	t.stopRenew, t.renewDone = stopRenew, make(chan struct{})
+	t.done.Add(2)
+	go t.renewLoop(rctx)
+	go t.ackLoop(ctx)
+	h.register(t)
+	return t
+}
+
+// broadcasts are the prefixes whose every write the tracker must hear: its
+// own; or a per-key tracker's globals, and a strict one's marker keys,
+// which writers use where holders track by prefix (see confirm_keys.lua).
+func (t *Tracker) broadcasts() []string {
+	switch {
+	case t.holdCh != "":
+		return []string{t.globals, t.markKeys}
+	case t.perKey:
+		return []string{t.globals}
 	}
-	return t.prefix
+	return []string{t.prefix}
+}
+
+// coveredBy reports whether tracking prefixes reports every key t needs.
+func (t *Tracker) coveredBy(prefixes []string) bool {
+	for _, p := range t.broadcasts() {
+		if !covered(p, prefixes) {
+			return false
+		}
+	}
+	return true
 }
 
 // newTracker makes a tracker that runs nothing yet, and the context that
@@ -229,6 +278,9 @@ func newTracker(rdb redis.UniversalClient, prefix string, leaseLen time.Duration
 	}
 	if hooks.Forget == nil {
 		hooks.Forget = func(string) {}
+	}
+	if hooks.Global == nil {
+		hooks.Global = func(string) bool { return false }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Tracker{

@@ -78,7 +78,7 @@ func write(t *testing.T, w *Tracker, rdb *redis.Client, key string, v any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second) // under the holders' lease
 	defer cancel()
-	wait, err := w.Write(ctx, func(pl redis.Pipeliner) { pl.Set(ctx, key, v, 0) }, func() error { return rdb.Set(ctx, key, v, 0).Err() })
+	wait, err := w.Write(ctx, []string{key}, func(pl redis.Pipeliner) { pl.Set(ctx, key, v, 0) }, func() error { return rdb.Set(ctx, key, v, 0).Err() })
 	require.NoError(t, err)
 	require.NoError(t, wait(), "not confirmed before the holder's lease could end")
 }
@@ -166,8 +166,9 @@ func TestWriterWithoutHoldersListensToNothing(t *testing.T) {
 	}
 	assert.False(t, subOpen(w), "a subscription with no holder to hear")
 	assert.False(t, receiving(w), "a receiving goroutine with no write waiting")
-	ttl := admin.PTTL(t.Context(), RegistryKey(p)).Val()
-	assert.Greater(t, ttl, 9*time.Minute, "with no lease running, a write keeps the registry ten minutes")
+	ttl := admin.PTTL(t.Context(), HoldRegistryKey(p)).Val()
+	assert.Greater(t, ttl, 9*time.Minute, "with no lease running, a write keeps the per-key registry ten minutes")
+	assert.Equal(t, time.Duration(-1), admin.PTTL(t.Context(), RegistryKey(p)).Val(), "a write changed the life of the registry its holders keep")
 }
 
 // On a Ring the writer subscribes on every shard, as a holder's tracking
@@ -196,7 +197,7 @@ func TestWriterIsAcknowledgedOnARing(t *testing.T) {
 	for i := range 6 {
 		key := p + "k" + string(rune('a'+i)) // keys on both shards
 		ctx := t.Context()
-		wait, err := w.Write(ctx, nil, func() error { return wrdb.Set(ctx, key, i, 0).Err() })
+		wait, err := w.Write(ctx, []string{key}, nil, func() error { return wrdb.Set(ctx, key, i, 0).Err() })
 		require.NoError(t, err)
 		require.NoError(t, wait())
 	}

@@ -5,8 +5,6 @@
 package lockkey
 
 import (
-	"strings"
-
 	"github.com/stampede-go/stampede/internal/slot"
 )
 
@@ -21,26 +19,6 @@ func Of(valueKey string) string { return slot.Companion(valueKey, lockSuffix) }
 // lives. It inverts Of exactly: keys that only look alike (a wrong slot
 // tag, say) stay usable.
 func Is(key string) bool {
-	// key+"{}"+suffix, key with a hash tag.
-	if v, ok := strings.CutSuffix(key, "{}"+lockSuffix); ok && slot.HasTag(v) {
-		return true
-	}
-	// key+"{T}"+suffix, key without '{': the first '{' opens T.
-	if v, ok := strings.CutSuffix(key, "}"+lockSuffix); ok {
-		if i := strings.IndexByte(v, '{'); i >= 0 && v[i+1:] == slot.Tag(slot.Of(v[:i])) {
-			return true
-		}
-	}
-	// "{T}"+suffix+key+"}", key with a '{' that opens no tag.
-	if rest, ok := strings.CutPrefix(key, "{"); ok {
-		if j := strings.IndexByte(rest, '}'); j > 0 {
-			if v, ok := strings.CutPrefix(rest[j+1:], lockSuffix); ok {
-				if v, ok := strings.CutSuffix(v, "}"); ok && strings.Contains(v, "{") && !slot.HasTag(v) &&
-					rest[:j] == slot.Tag(slot.Of(v)) {
-					return true
-				}
-			}
-		}
-	}
-	return false
+	_, ok := slot.CompanionOf(key, lockSuffix)
+	return ok
 }

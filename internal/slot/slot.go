@@ -83,6 +83,34 @@ func Companion(key, suffix string) string {
 	return t + suffix + key + "}"
 }
 
+// CompanionOf inverts Companion for suffix: whether key is
+// Companion(owner, suffix) for some owner, and which. Names that only look
+// alike (a wrong slot tag, a missing brace) are not.
+func CompanionOf(key, suffix string) (owner string, ok bool) {
+	// key+"{}"+suffix, key with a hash tag.
+	if v, ok := strings.CutSuffix(key, "{}"+suffix); ok && HasTag(v) {
+		return v, true
+	}
+	// key+"{T}"+suffix, key without '{': the first '{' opens T.
+	if v, ok := strings.CutSuffix(key, "}"+suffix); ok {
+		if i := strings.IndexByte(v, '{'); i >= 0 && v[i+1:] == Tag(Of(v[:i])) {
+			return v[:i], true
+		}
+	}
+	// "{T}"+suffix+key+"}", key with a '{' that opens no tag.
+	if rest, ok := strings.CutPrefix(key, "{"); ok {
+		if j := strings.IndexByte(rest, '}'); j > 0 {
+			if v, ok := strings.CutPrefix(rest[j+1:], suffix); ok {
+				if v, ok := strings.CutSuffix(v, "}"); ok && strings.Contains(v, "{") && !HasTag(v) &&
+					rest[:j] == Tag(Of(v)) {
+					return v, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
 // Under returns a name that begins with prefix, for keys that belong to a
 // prefix rather than to one key (the tag versions): in one slot and Ring
 // shard for every suffix of one prefix, and reported by tracking and

@@ -5,6 +5,8 @@
 --          itself when an ACL refused KEYS[1]'s name)
 -- ARGV[1]: the holder's id
 -- ARGV[2]: the lease, in milliseconds
+-- ARGV[3]: '1' for a per-key holder (KEYS[1] is then the per-key registry,
+--          see confirm_keys.lua, and KEYS[2] the prefix's registry)
 -- Returns the server's time in milliseconds and its run_id: the holder
 -- checks that its tracking connections are on this very server (after a
 -- failover or a proxy's switch they may not be).
@@ -13,6 +15,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 redis.call('HSETNX', KEYS[1], '~since', now)
 redis.call('HSET', KEYS[1], ARGV[1], now + lease)
+if ARGV[3] == '1' and KEYS[2] ~= KEYS[1] then
+  -- The last per-key lease's end: writers learn in one read whether any runs.
+  local last = tonumber(redis.call('HGET', KEYS[1], '~until')) or 0
+  if last < now + lease then
+    redis.call('HSET', KEYS[1], '~until', now + lease)
+  end
+end
 -- Renewed every quarter lease while a holder lives; gone three leases after
 -- the last one stopped (a registry found missing is waited out as lost).
 redis.call('PEXPIRE', KEYS[1], lease * 3)
