@@ -174,7 +174,7 @@ func (c *Cache[V]) key(k string) (string, error) {
 		return "", ErrEmptyKey
 	}
 	k = c.cfg.prefix + k
-	if lockkey.Is(k) || coherence.IsRegistry(k) || k == c.legacy || strings.HasPrefix(k, c.markKeys) || c.tags.Global(k) {
+	if lockkey.Is(k) || coherence.IsRegistry(k) || coherence.IsHoldRegistry(k) || coherence.IsHolders(k) || k == c.legacy || strings.HasPrefix(k, c.markKeys) || c.tags.Global(k) {
 		return "", fmt.Errorf("%w: %q", ErrReservedKey, k)
 	}
 	return k, nil

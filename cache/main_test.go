@@ -13,6 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testNearPerKey = os.Getenv("STAMPEDE_NEAR_PERKEY") != "" // every strict near cache tracks per key
 	proctest.RunChild(childModes)
 	if err := redistest.Export(); err != nil { // the examples read REDIS_ADDR
 		fmt.Fprintln(os.Stderr, err)

@@ -53,6 +53,7 @@ type nearConfig struct {
 	leaseSet  bool
 	shared    bool
 	eventual  bool        // WithEventualNearCache: no lease, nobody waits for this process
+	perKey    bool        // WithNearPerKey: strict, with per-key holders where the client allows it
 	writer    *nearWriter // WithoutNearCache: confirms the writes; set by validate
 }
 
@@ -158,6 +159,7 @@ type near[V any] struct {
 	prefix string
 	track  *coherence.Tracker
 	perKey bool // Redis reports only the writes of keys read through the tracked readers: keep only those
+	holds  bool // strict and per key: each kept read registered this process as its key's holder
 	shared bool // hand out e.v itself
 	clones bool // *V is a cloner[V]: hand out e.v.Clone()
 	maxAge time.Duration
@@ -188,6 +190,9 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	}
 	cfg := c.cfg
 	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]struct{}{}}
+	if c.cfg.near.perKey && !c.cfg.near.eventual && perKeySupported(c.rdb) {
+		n.maxAge = min(n.maxAge, coherence.HoldMaxAge) // no value outlives the registration writers wait on
+	}
 	_, n.clones = any((*V)(nil)).(cloner[V])
 	n.store = newNearStore(cfg, n)
 	n.track = startTracker(c, n, cfg)
@@ -219,14 +224,20 @@ func newNearStore[V any](cfg config, n *near[V]) *otter.Cache[string, *nearEntry
 	})
 }
 
-// startTracker starts n's tracker on the hub of c's client: strict, or
-// eventual, per key where the client allows it (n.perKey). Its hooks use
+// startTracker starts n's tracker on the hub of c's client: strict (per
+// key with WithNearPerKey where the client allows it), or eventual, per key
+// where the client allows it (n.perKey). Its hooks use
 // cfg, a copy, not c: the near cache must not keep its Cache alive.
 func startTracker[V any](c *Cache[V], n *near[V], cfg config) *coherence.Tracker {
 	health, tags := c.share.res.health, c.tags
 	hub := c.share.res.nearHub() // one tracking connection per master for every Cache on the client
 	track := hub.New
 	switch {
+	case cfg.near.perKey && !cfg.near.eventual && perKeySupported(c.rdb):
+		n.perKey, n.holds = true, true
+		track = func(prefix string, lease time.Duration, hooks coherence.Hooks) *coherence.Tracker {
+			return hub.NewHolder(prefix, tags.Base(), lease, hooks)
+		}
 	case cfg.near.eventual && perKeySupported(c.rdb):
 		n.perKey = true
 		track = func(prefix string, lease time.Duration, hooks coherence.Hooks) *coherence.Tracker {
@@ -286,6 +297,9 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 		left -= freshness.Lead(c.cfg.beta, r.freshness, r.head)
 	}
 	left = min(left, n.maxAge)
+	if n.holds {
+		left = min(left, coherence.HoldMaxAge-tk.Age()) // within the registration sent after tk
+	}
 	if left <= 0 {
 		return
 	}

@@ -707,7 +707,7 @@ func TestWriterWithoutNearCacheWaitsForReaders(t *testing.T) {
 func TestWriterWithoutNearCacheAloneIsNotSlowed(t *testing.T) {
 	t.Parallel()
 	admin, p := setup(t)
-	require.NoError(t, admin.HSet(t.Context(), coherence.RegistryKey(p), "~since", serverMillis(t, admin)-time.Second.Milliseconds()).Err())
+	require.NoError(t, admin.HSet(t.Context(), coherence.HoldRegistryKey(p), "~since", serverMillis(t, admin)-time.Second.Milliseconds()).Err())
 	rdb := redistest.Client(t, redistest.Addr(t))
 	cmds := redistest.CountCommands(rdb)
 	w := New[product](rdb, WithPrefix(p), WithoutNearCache())
@@ -721,8 +721,9 @@ func TestWriterWithoutNearCacheAloneIsNotSlowed(t *testing.T) {
 	assert.Empty(t, chans, "a writer with no holders to hear opened an acknowledgement subscription")
 	assert.Zero(t, cmds.Count("subscribe"), "SUBSCRIBEs")
 	assert.Zero(t, cmds.Count("publish"), "markers published again")
-	ttl := admin.PTTL(t.Context(), coherence.RegistryKey(p)).Val()
+	ttl := admin.PTTL(t.Context(), coherence.HoldRegistryKey(p)).Val()
 	assert.Greater(t, ttl, 9*time.Minute, "the writers' registry is kept ten minutes past their last write")
+	assert.Zero(t, admin.Exists(t.Context(), coherence.RegistryKey(p)).Val(), "writers made the registry of holders that track by prefix, which makes every write wait for everyone")
 }
 
 // A writer without a near cache holds no lease: a write of a near-cached

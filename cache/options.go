@@ -88,6 +88,10 @@ type config struct {
 	tags         bool // see WithTags
 }
 
+// testNearPerKey makes WithNearPerKey the default: the package's tests run
+// their whole suite with it when STAMPEDE_NEAR_PERKEY is set (main_test.go).
+var testNearPerKey bool
+
 func newConfig(opts []Option) config {
 	c := config{
 		counts:      &counters{},
@@ -102,6 +106,7 @@ func newConfig(opts []Option) config {
 		beta:        DefaultEarlyRefresh,
 		throttle:    DefaultStaleThrottle,
 	}
+	c.near.perKey = testNearPerKey
 	for _, o := range opts {
 		if o == nil {
 			panic(errors.New("cache: nil Option"))
@@ -443,6 +448,29 @@ func WithEventualNearCache(maxAge time.Duration) Option {
 		cfg.near.maxAge, cfg.near.maxAgeSet = maxAge, true
 	}
 }
+
+// WithNearPerKey makes the strict near cache ([WithNearCache]) track per
+// key, on a *redis.Client (a single server, or a failover client) or a
+// *redis.ClusterClient: a write then waits only for the processes that
+// hold its key in memory, each at most until its lease ends, and a write
+// of a key nobody holds waits for nobody; without it every process of the
+// prefix hears and acknowledges every write (BENCHMARKS.md: Redis CPU per
+// write grows with the fleet). Each read from Redis that memory may keep
+// first registers this process as a holder of the key (a small hash next
+// to the key, expiring a minute after the last registration), and memory
+// keeps no value longer than 59s ([WithNearMaxAge] is capped there).
+// Writes of tag and Clear versions still wait for every process, as every
+// process holds them.
+//
+// The limit (GUARANTEES.md): the holders of a key are known from that hash
+// alone, so under an eviction policy (maxmemory-policy other than
+// noeviction) Redis may evict it, and a write of the key then does not wait
+// for the processes that hold it: they drop the old value when Redis's
+// invalidation of the key reaches them, as an eventual near cache does.
+// Processes of earlier versions, and a Ring's, track by prefix; while one
+// holds a lease, every write waits for every process, as before. It has
+// no effect on a Ring or with [WithEventualNearCache].
+func WithNearPerKey() Option { return func(cfg *config) { cfg.near.perKey = true } }
 
 // WithNearMaxAge bounds how long a value stays in the near cache after it
 // was read from Redis, whatever its TTL: the longest an old value can be

@@ -32,7 +32,7 @@ import (
 // their invalidations land well after a write returned unless the writer
 // waited for them. With stop, one reader is SIGSTOPped across the write
 // for a third of its lease.
-func mixedRounds(t *testing.T, rounds int, stop bool) (old, hits, leaseWaits int64, setTimes []time.Duration) {
+func mixedRounds(t *testing.T, rounds int, stop, perKey bool) (old, hits, leaseWaits int64, setTimes []time.Duration) {
 	addr := redistest.Addr(t)
 	px := newProxy(t, addr)
 	px.add(t, "late", "latency", "downstream", `{"latency":20}`)
@@ -52,7 +52,11 @@ func mixedRounds(t *testing.T, rounds int, stop bool) (old, hits, leaseWaits int
 	const readers = 3
 	kids := make([]*proctest.Child, readers)
 	for i := range kids {
-		kids[i] = proctest.Start(t, "near-reader", map[string]string{"REDIS": px.Addr(), "PREFIX": p, "ROUNDS": strconv.Itoa(rounds)})
+		env := map[string]string{"REDIS": px.Addr(), "PREFIX": p, "ROUNDS": strconv.Itoa(rounds)}
+		if perKey { // (else as the environment says: upgrade-check.sh sets CHILD_PERKEY for an older parent)
+			env["PERKEY"] = "true"
+		}
+		kids[i] = proctest.Start(t, "near-reader", env)
 	}
 	for r := range rounds {
 		key := "k" + strconv.Itoa(r)
@@ -94,18 +98,19 @@ func mixedRounds(t *testing.T, rounds int, stop bool) (old, hits, leaseWaits int
 }
 
 // TestMixedNearCacheAcrossProcesses: three reader processes with near
-// caches, a writer without one. No read begun after Set returned gets the
-// old value; the writer hears every reader's acknowledgement (it waits out
-// no lease), and waits for a frozen reader to come back and acknowledge.
+// caches (strict, or strict per key), a writer without one. No read begun
+// after Set returned gets the old value; the writer hears every reader's
+// acknowledgement (it waits out no lease), and waits for a frozen reader to
+// come back and acknowledge.
 func TestMixedNearCacheAcrossProcesses(t *testing.T) {
-	for _, stop := range []bool{false, true} {
-		name := "none"
-		if stop {
-			name = "stop"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, run := range []struct {
+		name         string
+		stop, perKey bool
+	}{{"none", false, false}, {"stop", true, false}, {"perkey/none", false, true}, {"perkey/stop", true, true}} {
+		stop := run.stop
+		t.Run(run.name, func(t *testing.T) {
 			const rounds = 3
-			old, hits, waits, setTimes := mixedRounds(t, rounds, stop)
+			old, hits, waits, setTimes := mixedRounds(t, rounds, stop, run.perKey)
 			t.Logf("%d near hits, %d old reads after Set returned; %d lease waits; Set took %v", hits, old, waits, setTimes)
 			if old > 0 {
 				t.Errorf("%d reads began after the writer's Set returned and got the old value", old)

@@ -74,13 +74,16 @@ const (
 )
 
 // nearCoherence is the near cache of a run's processes: strict (the
-// default) or, with eventual, WithEventualNearCache; either keeps values
-// nearMaxAge at most.
-func nearCoherence(eventual bool) cache.Option {
-	if eventual {
-		return cache.WithEventualNearCache(nearMaxAge)
+// default), with perKey WithNearPerKey too, or with eventual
+// WithEventualNearCache; each keeps values nearMaxAge at most.
+func nearCoherence(eventual, perKey bool, opts ...cache.Option) []cache.Option {
+	switch {
+	case eventual:
+		return append(opts, cache.WithEventualNearCache(nearMaxAge))
+	case perKey:
+		return append(opts, cache.WithNearMaxAge(nearMaxAge), cache.WithNearPerKey())
 	}
-	return cache.WithNearMaxAge(nearMaxAge)
+	return append(opts, cache.WithNearMaxAge(nearMaxAge))
 }
 
 // nearRun is how a run's processes are set up: the fault of every round,
@@ -89,6 +92,7 @@ func nearCoherence(eventual bool) cache.Option {
 type nearRun struct {
 	fault    nearFault
 	eventual bool
+	perKey   bool // strict, WithNearPerKey
 	late     time.Duration
 	op       nearOp
 }
@@ -112,17 +116,17 @@ func invalidationRounds(tb testing.TB, rounds int, run nearRun) nearWriter {
 	direct := newClient(tb, addr, nil)
 	p := redistest.Prefix(tb, direct)
 	var leaseWaits atomic.Int64
-	writer := cache.New[string](newClient(tb, addr, nil), withTagsFor(op, cache.WithPrefix(p), cache.WithNearCache(1<<20), nearCoherence(eventual),
+	writer := cache.New[string](newClient(tb, addr, nil), withTagsFor(op, nearCoherence(eventual, run.perKey, cache.WithPrefix(p), cache.WithNearCache(1<<20),
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearLeaseWait {
 				leaseWaits.Add(1)
 			}
-		}))...)
+		}))...)...)
 	tb.Cleanup(func() { writer.Close() })
 	const readers = 3
 	kids := make([]*proctest.Child, readers)
 	for i := range kids {
-		kids[i] = proctest.Start(tb, "near-reader", map[string]string{"REDIS": readerAddr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds), "EVENTUAL": strconv.FormatBool(eventual), "OP": string(op)})
+		kids[i] = proctest.Start(tb, "near-reader", map[string]string{"REDIS": readerAddr, "PREFIX": p, "ROUNDS": strconv.Itoa(rounds), "EVENTUAL": strconv.FormatBool(eventual), "PERKEY": strconv.FormatBool(run.perKey), "OP": string(op)})
 	}
 	if fault == faultKill {
 		stop := make(chan struct{})
@@ -281,12 +285,13 @@ func runNearReaderChild(env func(string) string) int {
 	defer rdb.Close()
 	var nearHits atomic.Int64
 	eventual, _ := strconv.ParseBool(env("EVENTUAL"))
-	c := cache.New[string](rdb, withTagsFor(nearOp(env("OP")), cache.WithPrefix(env("PREFIX")), cache.WithNearCache(1<<20), nearCoherence(eventual),
+	perKey, _ := strconv.ParseBool(env("PERKEY"))
+	c := cache.New[string](rdb, withTagsFor(nearOp(env("OP")), nearCoherence(eventual, perKey, cache.WithPrefix(env("PREFIX")), cache.WithNearCache(1<<20),
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearHit {
 				nearHits.Add(1)
 			}
-		}))...)
+		}))...)...)
 	defer c.Close()
 	rounds, _ := strconv.Atoi(env("ROUNDS"))
 	in := bufio.NewScanner(os.Stdin)

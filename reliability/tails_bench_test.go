@@ -31,13 +31,13 @@ func benchSaturated(b *testing.B, near string) {
 	direct := newClient(b, addr, nil)
 	p := redistest.Prefix(b, direct)
 	var drops atomic.Int64
-	r := cache.New[string](newClient(b, addr, nil), cache.WithPrefix(p), nearOption(near), cache.WithObserver(func(e cache.Event) {
+	r := cache.New[string](newClient(b, addr, nil), nearOption(near, cache.WithPrefix(p), cache.WithObserver(func(e cache.Event) {
 		if e.Kind == cache.EventNearDrop {
 			drops.Add(1)
 		}
-	}))
+	}))...)
 	defer r.Close()
-	w := cache.New[string](newClient(b, addr, nil), cache.WithPrefix(p), nearOption(near))
+	w := cache.New[string](newClient(b, addr, nil), nearOption(near, cache.WithPrefix(p))...)
 	defer w.Close()
 	ctx := context.Background()
 	const keys = 1000

@@ -16,10 +16,12 @@ git -C "$root" worktree add -q --detach "$work/old" "$old"
 (cd "$work/old/reliability" && go test -race -c -o "$work/old.test" .)
 (cd "$root/reliability" && go test -race -c -o "$work/new.test" .)
 status=0
-for pair in "older writer, new readers:$work/new.test:$work/old.test" "new writer, older readers:$work/old.test:$work/new.test"; do
-	IFS=: read -r name kids parent <<<"$pair"
+# The third pass: this build's readers strict per key (WithNearPerKey), as
+# CHILD_PERKEY tells them, under an older writer.
+for pair in "older writer, new readers:$work/new.test:$work/old.test:" "new writer, older readers:$work/old.test:$work/new.test:" "older writer, new per-key readers:$work/new.test:$work/old.test:true"; do
+	IFS=: read -r name kids parent perkey <<<"$pair"
 	echo "== $name"
-	out=$(cd "$root/reliability" && bash -c "exec -a '$kids' '$parent' -test.run 'TestMixedNearCacheAcrossProcesses' -test.v -test.count=1" 2>&1) || status=1
+	out=$(cd "$root/reliability" && CHILD_PERKEY=$perkey bash -c "exec -a '$kids' '$parent' -test.run 'TestMixedNearCacheAcrossProcesses/(none|stop)$' -test.v -test.count=1" 2>&1) || status=1
 	grep -E "near hits|^(--- |PASS|FAIL)" <<<"$out" || true
 done
 exit $status

@@ -42,7 +42,8 @@ const (
 )
 
 // scaleRow is one row: near is the near cache of every process ("off",
-// "strict", the default, or "eventual", WithEventualNearCache); procs the
+// "strict", the default, "perkey", strict WithNearPerKey, or "eventual",
+// WithEventualNearCache); procs the
 // other processes (Caches beyond maxScaleProcs); hold whether they hold the
 // keys the writer Sets ("written") or 10 other keys of the prefix ("other");
 // writers the writer process's goroutines writing at once; reads, instead of
@@ -76,7 +77,7 @@ func (r scaleRow) byDefault() bool {
 		return true
 	case r.procs != 16:
 		return false
-	case r.near == "eventual":
+	case r.near == "eventual" || r.near == "perkey":
 		return r.hold == "written" && r.writers == 1
 	}
 	return r.hold == "written" || r.writers == 1
@@ -87,7 +88,7 @@ func (r scaleRow) byDefault() bool {
 // else only the default ones.
 func scaleRows() []scaleRow {
 	all := []scaleRow{{near: "off", writers: 1}, {near: "off", writers: 8}, {near: "off", writers: 16}}
-	for _, near := range []string{"strict", "eventual"} {
+	for _, near := range []string{"strict", "perkey", "eventual"} {
 		for _, procs := range []int{1, 4, 16, 32, 100, 400} {
 			for _, hold := range []string{"written", "other"} {
 				for _, writers := range []int{1, 8, 16} {
@@ -106,15 +107,17 @@ func scaleRows() []scaleRow {
 	return slices.DeleteFunc(all, func(r scaleRow) bool { return !r.byDefault() })
 }
 
-// nearOption is the near cache of a process of the row.
-func nearOption(near string) cache.Option {
+// nearOption appends to opts the near cache of a process of the row.
+func nearOption(near string, opts ...cache.Option) []cache.Option {
 	switch near {
 	case "off":
-		return cache.WithoutNearCache()
+		return append(opts, cache.WithoutNearCache())
 	case "eventual":
-		return cache.WithEventualNearCache(nearMaxAge)
+		return append(opts, cache.WithEventualNearCache(nearMaxAge))
+	case "perkey":
+		return append(opts, cache.WithNearMaxAge(nearMaxAge), cache.WithNearPerKey()) // (capped at 59s)
 	}
-	return cache.WithNearMaxAge(nearMaxAge) // the same age as eventual's: only the coherence differs
+	return append(opts, cache.WithNearMaxAge(nearMaxAge)) // the same age as eventual's: only the coherence differs
 }
 
 // benchScale times b.N Sets by the row's writers after its other processes
@@ -128,12 +131,12 @@ func benchScale(b *testing.B, r scaleRow) {
 	direct := newClient(b, addr, nil)
 	p := "scale:"
 	var leaseWaits atomic.Int64
-	w := cache.New[string](newClient(b, addr, nil), cache.WithPrefix(p), nearOption(r.near),
+	w := cache.New[string](newClient(b, addr, nil), nearOption(r.near, cache.WithPrefix(p),
 		cache.WithObserver(func(e cache.Event) {
 			if e.Kind == cache.EventNearLeaseWait {
 				leaseWaits.Add(1)
 			}
-		}))
+		}))...)
 	defer w.Close()
 	ctx := context.Background()
 
@@ -242,12 +245,12 @@ func runScaleHolderChild(env func(string) string) int {
 		rdb := redis.NewClient(&redis.Options{Addr: env("REDIS")})
 		defer rdb.Close()
 		var hits atomic.Int64
-		cs[i] = cache.New[string](rdb, cache.WithPrefix(env("PREFIX")), nearOption(near),
+		cs[i] = cache.New[string](rdb, nearOption(near, cache.WithPrefix(env("PREFIX")),
 			cache.WithObserver(func(e cache.Event) {
 				if e.Kind == cache.EventNearHit {
 					hits.Add(1)
 				}
-			}))
+			}))...)
 		defer cs[i].Close()
 		// Ready once memory serves (a strict Cache then holds its lease),
 		// or, without a near cache, once Redis answers.

@@ -95,7 +95,7 @@ type Tracker struct {
 	// The holder's side: the lease and the acknowledgements.
 	id         string        // names this holder's lease and its acknowledgement channel
 	registry   string        // RegistryKey(prefix)
-	legacy     string        // LegacyRegistryKey(prefix)
+	legacy     string        // LegacyRegistryKey(prefix); a per-key holder's: RegistryKey(prefix), where it mirrors its lease
 	narrow     atomic.Bool   // an ACL refused registry: legacy alone
 	narrowAt   atomic.Int64  // nanotime of the last refusal or try of registry (see registries)
 	markCh     string        // where writers' markers come (cluster, Ring; anywhere when asked again)
@@ -374,8 +374,13 @@ func (t *Tracker) ConnIDs() []int64 { return t.hub.ConnIDs() }
 type Ticket struct {
 	epoch, gen uint64
 	stripe     uint32
-	ok         bool // the tracker was sure when the ticket was taken
+	ok         bool  // the tracker was sure when the ticket was taken
+	at         int64 // nanotime it was taken
 }
+
+// Age is the time since tk was taken, before its read was sent: a per-key
+// holder keeps a value at most HoldMaxAge past it (see [HoldMaxAge]).
+func (tk Ticket) Age() time.Duration { return time.Duration(nanotime() - tk.at) }
 
 // OK reports whether the tracker was sure of its invalidations when tk was
 // taken: a reply read under a ticket that is not OK is never kept.
@@ -389,7 +394,7 @@ func (t *Tracker) stripe(key string) uint32 {
 // sent.
 func (t *Tracker) Ticket(key string) Ticket {
 	s := t.stripe(key)
-	tk := Ticket{epoch: t.epoch.Load(), gen: t.gens[s].Load(), stripe: s}
+	tk := Ticket{epoch: t.epoch.Load(), gen: t.gens[s].Load(), stripe: s, at: nanotime()}
 	tk.ok = t.ready.Load()
 	return tk
 }
@@ -463,10 +468,15 @@ func (t *Tracker) registries() []string {
 // refusal would cut short (resign).
 func (t *Tracker) inUse() []string {
 	if t.narrow.Load() {
-		return []string{t.legacy, t.legacy}
+		return []string{t.narrowTo(), t.narrowTo()}
 	}
 	return []string{t.registry, t.legacy}
 }
+
+// narrowTo is the registry a narrowed tracker uses alone: the one of
+// versions before 0.4, under the prefix (a per-key holder mirrors its
+// lease in the prefix's registry, t.legacy, which the ACL refuses too).
+func (t *Tracker) narrowTo() string { return LegacyRegistryKey(t.prefix) }
 
 // narrowed reports whether err is an ACL refusing a key to a lease script
 // that used the registry (keys, as registries() gave them): then the

@@ -154,7 +154,7 @@ func (h *State) NearRefused(prefix string, err error) {
 // every renewal Redis reports to every process of the prefix.
 func (h *State) NearNarrow(prefix string, err error) {
 	h.log(slog.LevelWarn, "cache: near cache: Redis refused the lease registry ~{*}:stampede:near:"+prefix+
-		"; using the one under the prefix, which costs Redis more as processes grow (see docs/GUARANTEES.md, Redis ACLs)",
+		" (or, with WithNearPerKey, ~{*}:stampede:hold:"+prefix+"); using the one under the prefix, which costs Redis more as processes grow (see docs/GUARANTEES.md, Redis ACLs)",
 		"redis", h.addr, "prefix", prefix, "err", err)
 }
 
