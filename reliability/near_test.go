@@ -380,15 +380,24 @@ func readUntilStopped(in *bufio.Scanner, nearHits *atomic.Int64, read func() (st
 // or cut off.
 func TestNearCacheAcrossProcesses(t *testing.T) {
 	t.Parallel()
-	for _, fault := range []nearFault{faultNone, faultKill, faultStop, faultFreeze, faultRestart} {
-		t.Run(string(fault), func(t *testing.T) {
+	for _, run := range []nearRun{
+		{fault: faultNone}, {fault: faultKill}, {fault: faultStop}, {fault: faultFreeze}, {fault: faultRestart},
+		{fault: faultNone, perKey: true}, {fault: faultKill, perKey: true}, {fault: faultStop, perKey: true},
+		{fault: faultFreeze, perKey: true}, {fault: faultRestart, perKey: true},
+	} {
+		fault := run.fault
+		name := string(fault)
+		if run.perKey {
+			name = "perkey/" + name
+		}
+		t.Run(name, func(t *testing.T) {
 			if fault == faultFreeze || fault == faultRestart {
 				// These two wait most (leases, a restart) and check no
 				// lease wait that a busy machine could add: they run
 				// together, after the others.
 				t.Parallel()
 			}
-			w := invalidationRounds(t, 3, nearRun{fault: fault})
+			w := invalidationRounds(t, 3, run)
 			var hits, old int64
 			for _, r := range w.rounds {
 				hits += r.nearHits
@@ -470,9 +479,14 @@ func BenchmarkInvalidation(b *testing.B) {
 func TestTagDeleteAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	for _, op := range []nearOp{opTag, opClear} {
-		for _, fault := range []nearFault{faultNone, faultStop, faultFreeze} {
-			t.Run(string(op)+"/"+string(fault), func(t *testing.T) {
-				w := invalidationRounds(t, 2, nearRun{fault: fault, op: op})
+		for _, run := range []nearRun{{fault: faultNone}, {fault: faultStop}, {fault: faultFreeze}, {fault: faultFreeze, perKey: true}} {
+			run.op = op
+			name := string(op) + "/" + string(run.fault)
+			if run.perKey {
+				name += "/perkey"
+			}
+			t.Run(name, func(t *testing.T) {
+				w := invalidationRounds(t, 2, run)
 				var hits, old int64
 				for _, r := range w.rounds {
 					hits += r.nearHits
