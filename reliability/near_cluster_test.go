@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/cache"
 )
 
@@ -246,5 +247,76 @@ func TestClusterPerKeyNearCacheAcrossMastersAndMigration(t *testing.T) {
 	cl.moveSlot(t, s, from, (from+1)%masters, masters)
 	check(1)
 	check(2)
+	t.Logf("figures: %d keys on %d masters, slot %d moved; %d near hits", len(keys), masters, s, nearHits.Load())
+}
+
+// TestClusterPerKeyHoldersAcrossMastersAndMigration: a strict near cache
+// with per-key holders (WithNearPerKey) on a 3-master cluster, whose
+// tracking connections hear Redis 30ms late. A write's holders are read in
+// each key's own slot, after the write: every Set, on every master and
+// after a slot moved to another master, returns only once the reader
+// dropped the old value, so a read right after it gets the new one; and no
+// write waits out a lease.
+func TestClusterPerKeyHoldersAcrossMastersAndMigration(t *testing.T) {
+	t.Parallel()
+	const masters = 3
+	cl := startCluster(t, masters)
+	ctx := context.Background()
+	p := "holders" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	keys, tag := migrationKeys(p, masters, 4)
+	var nearHits, leaseWaits atomic.Int64
+	addrs := make([]string, len(cl.nodes))
+	for i, n := range cl.nodes {
+		addrs[i] = n.Addr
+	}
+	late := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Dialer: lateTracking(30 * time.Millisecond)})
+	t.Cleanup(func() { _ = late.Close() })
+	reader := cache.New[string](late, cache.WithPrefix(p), cache.WithNearPerKey(),
+		cache.WithObserver(func(e cache.Event) {
+			if e.Kind == cache.EventNearHit {
+				nearHits.Add(1)
+			}
+		}))
+	t.Cleanup(func() { reader.Close() })
+	writer := cache.New[string](cl.client(t), cache.WithPrefix(p), cache.WithoutNearCache(),
+		cache.WithObserver(func(e cache.Event) {
+			if e.Kind == cache.EventNearLeaseWait {
+				leaseWaits.Add(1)
+			}
+		}))
+	t.Cleanup(func() { writer.Close() })
+	check := func(round int) {
+		t.Helper()
+		old, next := "v"+strconv.Itoa(2*round), "v"+strconv.Itoa(2*round+1)
+		for _, k := range keys {
+			if err := writer.Set(ctx, k, old); err != nil {
+				t.Fatalf("Set(%q): %v", k, err)
+			}
+		}
+		for _, k := range keys {
+			eventually(t, 10*time.Second, "memory serves "+k, func() bool {
+				before := nearHits.Load()
+				v, err := reader.Get(ctx, k)
+				return err == nil && v == old && nearHits.Load() > before
+			})
+		}
+		for _, k := range keys {
+			if err := writer.Set(ctx, k, next); err != nil {
+				t.Fatalf("Set(%q): %v", k, err)
+			}
+			if v, err := reader.Get(ctx, k); err != nil || v != next {
+				t.Errorf("round %d: Get(%q) right after Set returned: %q, %v; want %q", round, k, v, err, next)
+			}
+		}
+	}
+	check(0)
+	s := slot(tag)
+	from := cl.owner(s, masters)
+	cl.moveSlot(t, s, from, (from+1)%masters, masters)
+	check(1)
+	check(2)
+	if n := leaseWaits.Load(); n != 0 {
+		t.Errorf("%d writes waited out a lease with the reader running: its acknowledgements did not come", n)
+	}
 	t.Logf("figures: %d keys on %d masters, slot %d moved; %d near hits", len(keys), masters, s, nearHits.Load())
 }
