@@ -10,6 +10,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,9 +26,12 @@ import (
 )
 
 // aclRule is what the README tells a service with the prefix "product:" to
-// grant: its keys, the near caches' lease registry, its channels, and the
-// near cache's invalidation channel.
-var aclRule = []any{"~product:*", "~{*}:stampede:near:product:", "&product:*", "&__redis__:invalidate", "+@all"}
+// grant: its keys, the near caches' lease registries, its channels, and
+// the near cache's invalidation channel.
+var aclRule = []any{"~product:*", "~{*}:stampede:near:product:", "~{*}:stampede:hold:product:", "&product:*", "&__redis__:invalidate", "+@all"}
+
+// aclCommands is GUARANTEES.md's rule of the commands the library sends.
+var aclCommands = strings.Fields("-@all +hello +auth +get +mget +set +del +evalsha +eval +publish +spublish +subscribe +ssubscribe +unsubscribe +sunsubscribe +ping +pexpire +pttl +time +hset +hsetnx +hdel +hexists +hget +hgetall +hkeys +exists +info +client|id +client|tracking +client|list +script|load")
 
 // aclUser creates the ACL user product-svc with rule on a private server
 // and returns a function making clients of it, and an admin client.
@@ -128,6 +133,20 @@ func TestReadPathUnderPrefixACL(t *testing.T) {
 		return err == nil && v.ID == "new"
 	})
 
+	// A per-key near cache: its reads register it next to the key, its
+	// lease is in the per-key registry, a write waits for it.
+	perKey := New[product](user(), append(opts, WithNearCache(1<<20), WithNearPerKey())...)
+	defer perKey.Close()
+	waitFor(t, func() bool {
+		v, err := perKey.Get(t.Context(), "near")
+		return err == nil && v.ID == "new" && nearHas(perKey, "near")
+	})
+	require.NoError(t, c.Set(t.Context(), "near", product{ID: "newer"}))
+	v, err = perKey.Get(t.Context(), "near")
+	require.NoError(t, err)
+	assert.Equal(t, "newer", v.ID, "a read after the write returned got the old value")
+	assert.EqualValues(t, 1, admin.Exists(t.Context(), coherence.HoldRegistryKey("product:")).Val(), "no per-key registry")
+
 	assert.EqualValues(t, 1, admin.Exists(t.Context(), coherence.RegistryKey("product:")).Val(), "the leases are not in their registry")
 	assert.Zero(t, admin.Exists(t.Context(), coherence.LegacyRegistryKey("product:")).Val(), "the registry of earlier versions made")
 
@@ -135,6 +154,52 @@ func TestReadPathUnderPrefixACL(t *testing.T) {
 	defer mu.Unlock()
 	assert.Empty(t, hookErrs, "errors reported to the hook")
 	assert.Zero(t, redisErrs.Load(), "EventRedisError")
+}
+
+// The narrow rule of GUARANTEES.md (the commands the library sends, and no
+// other) runs every call: reads, loads, writes, tags and Clear, a strict
+// near cache and a per-key one serving from memory and waited for.
+func TestCommandRuleRunsEveryCall(t *testing.T) {
+	t.Parallel()
+	v, err := redistest.ServerVersion()
+	require.NoError(t, err)
+	cmds := aclCommands
+	if !v.ShardedPubSub() { // (Redis 6.2 has none: the rule leaves them out)
+		cmds = slices.DeleteFunc(slices.Clone(cmds), func(c string) bool {
+			return strings.HasPrefix(c, "+s") && strings.HasSuffix(c, "subscribe") || c == "+spublish"
+		})
+	}
+	rule := slices.Clone(aclRule[:len(aclRule)-1]) // (not +@all)
+	for _, c := range cmds {
+		rule = append(rule, c)
+	}
+	user, _ := aclUser(t, rule)
+	var failures atomic.Int64
+	opts := []Option{WithPrefix("product:"), WithTags(), WithErrorHook(func(string, error) { failures.Add(1) }), eventCount(EventRedisError, &failures)}
+	var strictHits, perKeyHits atomic.Int64
+	strict := New[product](user(), append(opts, WithNearCache(1<<20), eventCount(EventNearHit, &strictHits))...)
+	defer strict.Close()
+	perKey := New[product](user(), append(opts, WithNearCache(1<<20), WithNearPerKey(), eventCount(EventNearHit, &perKeyHits))...)
+	defer perKey.Close()
+	w := New[product](user(), opts...)
+	defer w.Close()
+	for i := range 3 {
+		want := fmt.Sprint(i)
+		require.NoError(t, w.Set(t.Context(), "k", product{ID: want}, Tags("t")))
+		for _, c := range []*Cache[product]{strict, perKey} {
+			v, err := c.GetOrLoad(t.Context(), "k", (&counter{}).load)
+			require.NoError(t, err)
+			require.Equal(t, want, v.ID, "a read after the Set returned got an old value")
+			waitFor(t, func() bool { v, err := c.Get(t.Context(), "k"); return err == nil && v.ID == want && nearHas(c, "k") })
+		}
+	}
+	require.NoError(t, w.DeleteByTag(t.Context(), "t"))
+	require.NoError(t, w.Clear(t.Context()))
+	_, err = perKey.Get(t.Context(), "k")
+	require.ErrorIs(t, err, ErrCacheMiss)
+	assert.Positive(t, strictHits.Load(), "the strict near cache never served")
+	assert.Positive(t, perKeyHits.Load(), "the per-key near cache never served")
+	assert.Zero(t, failures.Load(), "calls failed under the rule")
 }
 
 // Under the rule of versions before 0.4, which grants the prefix but not

@@ -191,7 +191,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	cfg := c.cfg
 	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]struct{}{}}
 	if c.cfg.near.perKey && !c.cfg.near.eventual && perKeySupported(c.rdb) {
-		n.maxAge = min(n.maxAge, coherence.HoldMaxAge) // no value outlives the registration writers wait on
+		n.maxAge = min(n.maxAge, coherence.HoldKeep) // no value outlives the registration writers wait on
 	}
 	_, n.clones = any((*V)(nil)).(cloner[V])
 	n.store = newNearStore(cfg, n)
@@ -298,7 +298,7 @@ func (n *near[V]) keep(c *Cache[V], key string, tk coherence.Ticket, r *result[V
 	}
 	left = min(left, n.maxAge)
 	if n.holds {
-		left = min(left, coherence.HoldMaxAge-tk.Age()) // within the registration sent after tk
+		left = min(left, coherence.HoldKeep-tk.Age()) // within the registration the read relied on
 	}
 	if left <= 0 {
 		return

@@ -457,8 +457,9 @@ func WithEventualNearCache(maxAge time.Duration) Option {
 // prefix hears and acknowledges every write (BENCHMARKS.md: Redis CPU per
 // write grows with the fleet). Each read from Redis that memory may keep
 // first registers this process as a holder of the key (a small hash next
-// to the key, expiring a minute after the last registration), and memory
-// keeps no value longer than 59s ([WithNearMaxAge] is capped there).
+// to the key, expiring a minute after the last registration; sent again
+// after 20s), and memory keeps no value longer than 39s ([WithNearMaxAge]
+// is capped there).
 // Writes of tag and Clear versions still wait for every process, as every
 // process holds them.
 //

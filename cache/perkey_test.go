@@ -83,7 +83,7 @@ func TestPerKeyHolderRegistersAndResigns(t *testing.T) {
 	require.NoError(t, r.Set(t.Context(), "k", product{ID: "v"}, TTL(time.Hour)))
 	warmNear(t, r, "k", "v")
 	e, _ := r.near.store.GetIfPresent("k")
-	assert.LessOrEqual(t, time.Duration(e.until-clock.Now()), coherence.HoldMaxAge, "memory keeps the value past its registration")
+	assert.LessOrEqual(t, time.Duration(e.until-clock.Now()), coherence.HoldKeep, "memory keeps the value past its registration")
 	id := r.near.track.ID()
 	holders := coherence.HoldersKey(p + "k")
 	assert.Equal(t, []string{id}, admin.HKeys(t.Context(), holders).Val())

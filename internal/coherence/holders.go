@@ -24,9 +24,19 @@ var (
 // a per-key holder may keep a value read after registering: less, by the
 // clock margins of the leases, so that no value outlives the registration
 // that makes writers wait for it. The near cache caps its max age there.
+//
+// A registration is sent again only when this process's last one of the
+// key is older than holdFresh (the registration of a key read again after
+// each write would otherwise double the commands of its reads), so the
+// last one may precede a read's ticket by up to holdFresh: memory keeps a
+// value at most HoldMaxAge-holdFresh past its ticket (see [Ticket.Age]).
 const (
 	HoldTTL    = time.Minute
 	HoldMaxAge = time.Duration(float64(HoldTTL)*(1-leaseDrift)) - leaseMargin
+	holdFresh  = 20 * time.Second
+	// HoldKeep is how long past its ticket a per-key holder may keep a
+	// value: 38.4s.
+	HoldKeep = HoldMaxAge - holdFresh
 )
 
 // holding lists the strict per-key trackers of the hub.
@@ -50,9 +60,9 @@ func (h *Hub) holding() []*Tracker {
 //     holders, which it does after the write, and waits for it.
 //
 // Writers never remove a registration; it expires HoldTTL after the last
-// one, and the near cache keeps no value longer than HoldMaxAge. A
-// registration that fails (maxmemory, an ACL) fails the reads, which then
-// go through the user's client and are not kept.
+// one, and the near cache keeps no value longer than HoldMaxAge past it.
+// A registration that fails (maxmemory, an ACL) fails the reads, which
+// then go through the user's client and are not kept.
 type registrar struct {
 	h      *Hub
 	client func() *redis.Client // the reader's own client: a lone read is sent as a pipeline
@@ -62,7 +72,7 @@ func (g registrar) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (g registrar) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if len(g.registrations(ctx, []redis.Cmder{cmd})) == 0 {
+		if regs, _ := g.registrations(ctx, []redis.Cmder{cmd}); len(regs) == 0 {
 			return next(ctx, cmd)
 		}
 		_, _ = g.client().Pipelined(ctx, func(p redis.Pipeliner) error { return p.Process(ctx, cmd) })
@@ -72,10 +82,11 @@ func (g registrar) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (g registrar) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		regs := g.registrations(ctx, cmds)
+		regs, noted := g.registrations(ctx, cmds)
 		if len(regs) == 0 {
 			return next(ctx, cmds)
 		}
+		sent := nanotime()
 		err := next(ctx, append(regs, cmds...))
 		for _, r := range regs {
 			if rerr := r.Err(); rerr != nil {
@@ -86,35 +97,62 @@ func (g registrar) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 				return rerr
 			}
 		}
+		for _, n := range noted {
+			n.t.registered.Store(n.key, sent)
+		}
 		return err
 	}
 }
 
+// registration is a key a tracker registered as its holder.
+type registration struct {
+	t   *Tracker
+	key string
+}
+
 // registrations are the commands that register the holders of the keys
-// cmds read: for each key, an HSET of its holders and a PEXPIRE.
-func (g registrar) registrations(ctx context.Context, cmds []redis.Cmder) []redis.Cmder {
+// cmds read: for each key, an HSET of the holders whose last registration
+// of it is older than holdFresh, and a PEXPIRE; and those registrations.
+func (g registrar) registrations(ctx context.Context, cmds []redis.Cmder) (regs []redis.Cmder, noted []registration) {
 	holders := g.h.holding()
 	if len(holders) == 0 {
-		return nil
+		return nil, nil
 	}
-	var regs []redis.Cmder
+	now := nanotime()
 	for _, c := range cmds {
 		for _, key := range readKeys(c) {
 			var args []any
 			for _, t := range holders {
-				if strings.HasPrefix(key, t.prefix) && !strings.HasPrefix(key, t.globals) {
-					if args == nil {
-						args = []any{"hset", HoldersKey(key)}
-					}
-					args = append(args, t.id, "1")
+				if !strings.HasPrefix(key, t.prefix) || strings.HasPrefix(key, t.globals) {
+					continue
 				}
+				if at, ok := t.registered.Load(key); ok && now-at.(int64) < int64(holdFresh) {
+					continue
+				}
+				if args == nil {
+					args = []any{"hset", HoldersKey(key)}
+				}
+				args = append(args, t.id, "1")
+				noted = append(noted, registration{t, key})
 			}
 			if args != nil {
 				regs = append(regs, redis.NewIntCmd(ctx, args...), redis.NewBoolCmd(ctx, "pexpire", args[1], HoldTTL.Milliseconds()))
 			}
 		}
 	}
-	return regs
+	return regs, noted
+}
+
+// forgetRegistrations forgets the registrations older than holdFresh,
+// which reads send again anyway.
+func (t *Tracker) forgetRegistrations() {
+	old := nanotime() - int64(holdFresh)
+	t.registered.Range(func(k, at any) bool {
+		if at.(int64) < old {
+			t.registered.Delete(k)
+		}
+		return true
+	})
 }
 
 // readKeys are the keys a GET or MGET reads (none for other commands).

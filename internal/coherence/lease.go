@@ -46,6 +46,7 @@ func (t *Tracker) renewLoop(ctx context.Context) {
 			t.renew(ctx)
 		}
 		t.forgetMarks()
+		t.forgetRegistrations()
 	}
 }
 

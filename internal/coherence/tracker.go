@@ -132,7 +132,8 @@ type Tracker struct {
 	// A strict per-key near cache (NewHolder): per-key tracking, a lease in
 	// the per-key registry, and markers on a channel of its own, which
 	// writers publish only for the keys it holds (see holders.go).
-	holdCh string
+	holdCh     string
+	registered sync.Map // key -> nanotime of this holder's last registration sent (see registrar)
 
 	// The writer's side of per-key holders: when an ACL last refused the
 	// per-key registry to a write's confirmation (0: never); writes then
