@@ -7,6 +7,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +31,8 @@ type confirmation struct {
 	ch     chan struct{}   // a new acknowledgement came
 	gen    uint64          // a writer without a near cache: its subscription's generation when the write began
 	sureCh <-chan struct{} // a near cache's tracker not sure when the write began: closed once it is
+
+	holdersAlone bool // announced to its keys' per-key holders alone, and so asked again (confirm_keys.lua)
 }
 
 // Write runs a write of keys under the tracker's prefix and announces it to
@@ -110,6 +114,7 @@ func (t *Tracker) writeInline(ctx context.Context, keys []string, write func(p r
 			t.end(seq)
 			return t.confirm(ctx)
 		case keyed:
+			cf.holdersAlone = toHoldersAlone(reply)
 			reply = leasesOf(reply)
 		default:
 			t.widened(regs)
@@ -184,6 +189,9 @@ func (t *Tracker) await(ctx context.Context, cf *confirmation, marker string, re
 		return err
 	}
 	ask := &asker{t: t, marker: marker, next: recv + int64(t.lease/4)}
+	if cf.holdersAlone {
+		ask.holders = slices.Collect(maps.Keys(need))
+	}
 	var heard <-chan struct{} // closed when acknowledgements sent before may have been lost
 	switch {
 	case len(need) == 0:
@@ -279,7 +287,8 @@ func (t *Tracker) outstanding(cf *confirmation, need map[string]int64, now int64
 type asker struct {
 	t              *Tracker
 	marker         string
-	next           int64 // nanotime of the next ask
+	holders        []string // non-nil: asked on these per-key holders' own channels, not the prefix's
+	next           int64    // nanotime of the next ask
 	asks           int
 	asking, failed atomic.Bool
 }
@@ -316,7 +325,11 @@ func (a *asker) ask(ctx context.Context) {
 func (a *asker) publish(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, a.t.lease/4)
 	defer cancel()
-	if a.t.publishMarker(ctx, a.marker) != nil {
+	publish := func() error { return a.t.publishMarker(ctx, a.marker) }
+	if a.holders != nil {
+		publish = func() error { return a.t.publishToHolders(ctx, a.marker, a.holders) }
+	}
+	if publish() != nil {
 		a.failed.Store(true)
 	}
 }

@@ -252,6 +252,7 @@ func (t *Tracker) confirmKeys(ctx context.Context, keys []string) error {
 	if err != nil {
 		return err
 	}
+	cf.holdersAlone = toHoldersAlone(reply)
 	return t.await(ctx, cf, marker, leasesOf(reply), recv)
 }
 
@@ -280,13 +281,31 @@ func (t *Tracker) holdersOf(ctx context.Context, keys []string) ([]string, error
 	return ids, nil
 }
 
-// perKeyLeases reads confirm_keys.lua's flag: some per-key lease runs.
-func perKeyLeases(reply []any) bool {
+// perKeyLeases reads confirm_keys.lua's flags: some per-key lease runs.
+func perKeyLeases(reply []any) bool { return keysFlags(reply)&1 != 0 }
+
+// toHoldersAlone reads confirm_keys.lua's flags: the write was announced
+// to its keys' holders alone, and is asked again of them alone.
+func toHoldersAlone(reply []any) bool { return keysFlags(reply)&2 == 0 }
+
+func keysFlags(reply []any) int64 {
 	if len(reply) < 3 {
-		return false
+		return 0
 	}
 	n, _ := reply[2].(int64)
-	return n == 1
+	return n
+}
+
+// publishToHolders publishes marker on the channels of holders, in one
+// pipeline (see asker).
+func (t *Tracker) publishToHolders(ctx context.Context, marker string, holders []string) error {
+	_, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, id := range holders {
+			p.Publish(ctx, holdChannel(t.prefix, id), marker)
+		}
+		return nil
+	})
+	return err
 }
 
 // leasesOf turns confirm_keys.lua's reply into confirm.lua's shape (see

@@ -26,9 +26,11 @@
 --          the holders that track by prefix
 -- ARGV[6..]: holders of the written keys read by the caller (a cluster's
 --          keys lie in other slots)
--- Returns {now, since, perkey, holder, lease end, ...}, times in the
--- server's milliseconds; perkey is 1 when some per-key lease runs (a
--- cluster's writer then reads its keys' holders and calls again).
+-- Returns {now, since, flags, holder, lease end, ...}, times in the
+-- server's milliseconds; flags: 1 when some per-key lease runs (a
+-- cluster's writer then reads its keys' holders and calls again), plus 2
+-- when the write was announced to every holder of the prefix (to ask
+-- again, the writer announces it the same way, else to its holders alone).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- (HSETNX only when missing: a write command fails under maxmemory.)
@@ -58,7 +60,9 @@ local older = KEYS[3] ~= KEYS[2] and redis.call('EXISTS', KEYS[3]) == 1
 -- invalidation Redis sends at the end of the event-loop turn, with or
 -- after the write's (a PUBLISH here could overtake it); elsewhere by a
 -- PUBLISH, which follows the write, since the write returned.
-if bcast or older or ARGV[3] == '1' then
+local everyone = bcast or older or ARGV[3] == '1'
+if everyone then
+  out[3] = 2
   if ARGV[5] == '1' then
     redis.call('SET', KEYS[4], '1')
     redis.call('DEL', KEYS[4])
@@ -124,7 +128,7 @@ end
 -- Whether any per-key lease runs ("~until", see lease.lua): a cluster's
 -- writer reads its keys' holders only then.
 if (tonumber(redis.call('HGET', KEYS[1], '~until')) or 0) > now then
-  out[3] = 1
+  out[3] = out[3] + 1
 else
   -- No per-key holder renews it: kept ten minutes past the last write, as
   -- confirm.lua keeps its registry. (PEXPIRE is allowed under maxmemory.)
