@@ -7,6 +7,7 @@
 package cache
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"runtime"
@@ -235,6 +236,7 @@ func startTracker[V any](c *Cache[V], n *near[V], cfg config) *coherence.Tracker
 	switch {
 	case cfg.near.perKey && !cfg.near.eventual && perKeySupported(c.rdb):
 		n.perKey, n.holds = true, true
+		go warnIfEvicting(c.rdb, func(addr, policy string) { health.NearPerKeyEvicts(cfg.prefix, addr, policy) })
 		track = func(prefix string, lease time.Duration, hooks coherence.Hooks) *coherence.Tracker {
 			return hub.NewHolder(prefix, tags.Base(), lease, hooks)
 		}
@@ -445,6 +447,36 @@ func nearSupported(rdb redis.UniversalClient) bool {
 		return true
 	}
 	return false
+}
+
+// warnIfEvicting calls warn for each master of rdb (a *redis.Client or
+// *redis.ClusterClient) whose maxmemory-policy may evict the per-key
+// holders' records (see WithNearPerKey). Best effort: a server that does
+// not answer INFO is not reported.
+func warnIfEvicting(rdb redis.UniversalClient, warn func(addr, policy string)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	check := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		field := func(name string) string {
+			_, v, _ := strings.Cut(info, "\n"+name+":")
+			v, _, _ = strings.Cut(v, "\n")
+			return strings.TrimSpace(v)
+		}
+		if policy := field("maxmemory_policy"); field("maxmemory") != "0" && policy != "" && policy != "noeviction" {
+			warn(c.Options().Addr, policy)
+		}
+		return nil
+	}
+	switch r := rdb.(type) {
+	case *redis.Client:
+		_ = check(ctx, r)
+	case *redis.ClusterClient:
+		_ = r.ForEachMaster(ctx, check)
+	}
 }
 
 // perKeySupported reports whether an eventual near cache on rdb can track

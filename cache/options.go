@@ -467,7 +467,8 @@ func WithEventualNearCache(maxAge time.Duration) Option {
 // alone, so under an eviction policy (maxmemory-policy other than
 // noeviction) Redis may evict it, and a write of the key then does not wait
 // for the processes that hold it: they drop the old value when Redis's
-// invalidation of the key reaches them, as an eventual near cache does.
+// invalidation of the key reaches them, as an eventual near cache does; a
+// Cache made on such a Redis logs a warning once.
 // Processes of earlier versions, and a Ring's, track by prefix; while one
 // holds a lease, every write waits for every process, as before. It has
 // no effect on a Ring or with [WithEventualNearCache].

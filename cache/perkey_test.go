@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -112,4 +113,33 @@ func TestPerKeyLostRegistryMakesWritesWaitOneLease(t *testing.T) {
 	began = time.Now()
 	require.NoError(t, w.Set(t.Context(), "k", product{ID: "b"}))
 	assert.GreaterOrEqual(t, time.Since(began), lease/2, "Set after the per-key registry was lost (the first took %v)", first)
+}
+
+// A per-key near cache on a Redis that may evict its holders' records says
+// so once, as a warning; on one that does not, nothing.
+func TestPerKeyNearCacheWarnsOfEviction(t *testing.T) {
+	t.Parallel()
+	srv := redistest.PrivateServer(t, "it sets maxmemory")
+	admin := redistest.Client(t, srv.Addr)
+	for _, policy := range []string{"noeviction", "allkeys-lru"} {
+		require.NoError(t, admin.ConfigSet(t.Context(), "maxmemory", "100mb").Err())
+		require.NoError(t, admin.ConfigSet(t.Context(), "maxmemory-policy", policy).Err())
+		logs := &logCapture{}
+		c := New[product](redistest.Client(t, srv.Addr), WithPrefix(policy+":"), WithNearPerKey(), WithLogger(slog.New(logs)))
+		warned := func() bool {
+			for _, l := range logs.lines(slog.LevelWarn) {
+				if strings.Contains(l, "maxmemory-policy "+policy) {
+					return true
+				}
+			}
+			return false
+		}
+		if policy == "noeviction" {
+			require.True(t, eventually(func() bool { return nearReady(c) }))
+			assert.False(t, warned(), "a warning under noeviction")
+		} else {
+			assert.True(t, eventually(warned), "no warning under %s", policy)
+		}
+		require.NoError(t, c.Close())
+	}
 }

@@ -148,6 +148,16 @@ func (h *State) NearRefused(prefix string, err error) {
 		"redis", h.addr, "prefix", prefix, "err", err)
 }
 
+// NearPerKeyEvicts reports that the server at addr may evict keys
+// (maxmemory set, with policy) under a prefix whose near cache holds per
+// key: an evicted holders record makes a write of its key wait for none of
+// the processes that hold it.
+func (h *State) NearPerKeyEvicts(prefix, addr, policy string) {
+	h.log(slog.LevelWarn, "cache: near cache: WithNearPerKey on a Redis that evicts keys (maxmemory-policy "+policy+
+		"): a write of a key whose holders record Redis evicted waits for none of the processes that hold it, which may serve the old value until its invalidation arrives (see docs/GUARANTEES.md); use noeviction, or a strict near cache without WithNearPerKey",
+		"redis", addr, "prefix", prefix)
+}
+
 // NearNarrow reports that an ACL refused the near caches' lease registry of
 // prefix (a rule granting the prefix alone, as versions before 0.4
 // needed): the near cache works with the registry under the prefix, whose
