@@ -160,3 +160,30 @@ func TestWriteOfAGlobalKeyWaitsForEveryHolder(t *testing.T) {
 	assert.EqualValues(t, 2, dropped.Load(), "the write of a global key returned before every holder dropped what depends on it")
 	assert.Zero(t, lapses.Load())
 }
+
+// A writer of an earlier version (which knows only the prefix's registry
+// and confirms with confirm.lua; here a writer whose per-key confirmation
+// is off) waits for a per-key holder: the holder leases in the prefix's
+// registry too while it exists, and hears the marker key.
+func TestWriterOfEarlierVersionsWaitsForPerKeyHolders(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	const slow = 200 * time.Millisecond
+	var dropped atomic.Int64
+	tr, rdb := holderTracker(t, addr, p, 3*time.Second, slowDrops(slow, &dropped, notAll))
+	key := p + "k"
+	require.NoError(t, admin.Set(t.Context(), key, "v0", 0).Err())
+	wrdb := redistest.Client(t, addr)
+	var lapses atomic.Int64
+	w := NewWriter(wrdb, p, 3*time.Second, Hooks{OnLapse: func(string) { lapses.Add(1) }})
+	defer w.Close()
+	w.holdRefusedAt.Store(nanotime()) // confirms as earlier versions do
+	require.NoError(t, admin.HSet(t.Context(), RegistryKey(p), "~since", 0).Err()) // an earlier writer's registry, older than a lease
+	require.True(t, eventually(func() bool { return admin.HExists(t.Context(), RegistryKey(p), tr.ID()).Val() }), "the per-key holder never leased in the prefix's registry")
+	require.NoError(t, tr.ReadVia(rdb).Get(t.Context(), key).Err())
+	dropped.Store(0)
+	write(t, w, wrdb, key, "second")
+	assert.EqualValues(t, 1, dropped.Load(), "the earlier version's write returned before the per-key holder dropped the key")
+	assert.Zero(t, lapses.Load(), "the writer waited out the per-key holder's lease")
+}
