@@ -161,35 +161,49 @@ func TestWriteOfAGlobalKeyWaitsForEveryHolder(t *testing.T) {
 	assert.Zero(t, lapses.Load())
 }
 
-// A writer of an earlier version (which knows only the prefix's registry
-// and confirms with confirm.lua; here a writer whose per-key confirmation
-// is off) waits for a per-key holder: the holder leases in the prefix's
-// registry too while it exists, and hears the marker key.
+// Writers of earlier versions (which know only the prefix's registry, or,
+// before 0.4, only the one under the prefix, and confirm with confirm.lua;
+// here writers whose per-key confirmation is off, the second narrowed to
+// the older registry as an ACL of that time made them) wait for a per-key
+// holder: it leases in both registries while they exist, and hears their
+// marker key at once.
 func TestWriterOfEarlierVersionsWaitsForPerKeyHolders(t *testing.T) {
-	addr := redistest.Addr(t)
-	admin := redistest.Client(t, addr)
-	p := redistest.Prefix(t, admin)
-	const slow = 200 * time.Millisecond
-	var dropped atomic.Int64
-	tr, rdb := holderTracker(t, addr, p, 3*time.Second, slowDrops(slow, &dropped, notAll))
-	key := p + "k"
-	require.NoError(t, admin.Set(t.Context(), key, "v0", 0).Err())
-	wrdb := redistest.Client(t, addr)
-	var lapses atomic.Int64
-	w := NewWriter(wrdb, p, 3*time.Second, Hooks{OnLapse: func(string) { lapses.Add(1) }})
-	defer w.Close()
-	w.holdRefusedAt.Store(nanotime()) // confirms as earlier versions do
-	require.NoError(t, admin.HSet(t.Context(), RegistryKey(p), "~since", 0).Err()) // an earlier writer's registry, older than a lease
-	require.True(t, eventually(func() bool { return admin.HExists(t.Context(), RegistryKey(p), tr.ID()).Val() }), "the per-key holder never leased in the prefix's registry")
-	for i := range 2 { // the second with the writer's subscription open: no asking again at once
-		require.NoError(t, tr.ReadVia(rdb).Get(t.Context(), key).Err())
-		dropped.Store(0)
-		began := time.Now()
-		write(t, w, wrdb, key, i)
-		assert.EqualValues(t, 1, dropped.Load(), "the earlier version's write returned before the per-key holder dropped the key")
-		if i == 1 {
-			assert.Less(t, time.Since(began), 3*time.Second/4, "the holder did not hear the marker key: the write waited to ask again")
-		}
+	for _, older := range []bool{false, true} {
+		t.Run(map[bool]string{false: "0.4", true: "before-0.4"}[older], func(t *testing.T) {
+			addr := redistest.Addr(t)
+			admin := redistest.Client(t, addr)
+			p := redistest.Prefix(t, admin)
+			const slow = 200 * time.Millisecond
+			var dropped atomic.Int64
+			tr, rdb := holderTracker(t, addr, p, 3*time.Second, slowDrops(slow, &dropped, notAll))
+			key := p + "k"
+			require.NoError(t, admin.Set(t.Context(), key, "v0", 0).Err())
+			wrdb := redistest.Client(t, addr)
+			var lapses atomic.Int64
+			w := NewWriter(wrdb, p, 3*time.Second, Hooks{OnLapse: func(string) { lapses.Add(1) }})
+			defer w.Close()
+			w.holdRefusedAt.Store(nanotime()) // confirms as earlier versions do
+			registry := RegistryKey(p)
+			if older {
+				registry = LegacyRegistryKey(p)
+				w.narrow.Store(true)
+				w.narrowAt.Store(nanotime())
+			}
+			require.NoError(t, admin.HSet(t.Context(), registry, "~since", 0).Err()) // an earlier writer's registry, older than a lease
+			require.True(t, eventually(func() bool { return admin.HExists(t.Context(), registry, tr.ID()).Val() }), "the per-key holder never leased in the earlier versions' registry")
+			for i := range 2 { // the second with the writer's subscription open: no asking again at once
+				require.NoError(t, tr.ReadVia(rdb).Get(t.Context(), key).Err())
+				dropped.Store(0)
+				began := time.Now()
+				write(t, w, wrdb, key, i)
+				assert.EqualValues(t, 1, dropped.Load(), "the earlier version's write returned before the per-key holder dropped the key")
+				if i == 1 {
+					assert.Less(t, time.Since(began), 3*time.Second/4, "the holder did not hear the marker key: the write waited to ask again")
+				}
+			}
+			assert.Zero(t, lapses.Load(), "the writer waited out the per-key holder's lease")
+			tr.Close()
+			assert.False(t, admin.HExists(t.Context(), registry, tr.ID()).Val(), "the closed holder still leases in the earlier versions' registry")
+		})
 	}
-	assert.Zero(t, lapses.Load(), "the writer waited out the per-key holder's lease")
 }

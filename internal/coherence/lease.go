@@ -251,8 +251,10 @@ func (t *Tracker) resign() {
 	ctx, cancel := context.WithTimeout(context.Background(), t.lease/4)
 	defer cancel()
 	keys := t.inUse() // a refused try of the registry would skip the PINGs
-	if keys[1] != keys[0] {
-		_ = t.rdb.HDel(ctx, keys[1], t.id).Err() // where writers of earlier versions look, if it is there
+	for _, k := range t.leaseKeys(leaseScript, keys)[1:] {
+		if k != keys[0] {
+			_ = t.rdb.HDel(ctx, k, t.id).Err() // where writers of earlier versions look, if it is there
+		}
 	}
 	if t.rdb.HDel(ctx, keys[0], t.id).Err() == nil {
 		t.hub.pingEach(ctx, t.hub.conns(), false)

@@ -521,11 +521,22 @@ func refusedKey(err error) bool {
 // and once more if an ACL refused the registry's name (see narrowed).
 func (t *Tracker) runLease(ctx context.Context, script *redis.Script, args ...any) ([]any, error) {
 	keys := t.registries()
-	reply, err := script.Run(ctx, t.rdb, keys, args...).Slice()
+	reply, err := script.Run(ctx, t.rdb, t.leaseKeys(script, keys), args...).Slice()
 	if t.narrowed(err, keys) {
-		reply, err = script.Run(ctx, t.rdb, t.registries(), args...).Slice()
+		keys = t.registries()
+		reply, err = script.Run(ctx, t.rdb, t.leaseKeys(script, keys), args...).Slice()
 	} else if err == nil {
 		t.widened(keys)
 	}
 	return reply, err
+}
+
+// leaseKeys are the keys of script run on registries keys: a per-key
+// holder's renewal also holds a lease in the registry of versions before
+// 0.4 while it exists (see lease.lua), unless it is narrowed to that one.
+func (t *Tracker) leaseKeys(script *redis.Script, keys []string) []string {
+	if script != leaseScript || t.holdCh == "" || keys[0] != t.registry {
+		return keys
+	}
+	return append(keys[:2:2], t.narrowTo())
 }

@@ -2,7 +2,10 @@
 -- KEYS[1]: the prefix's lease registry (a hash: holder id -> lease end, in the
 --          server's milliseconds; "~since" -> when the registry was created)
 -- KEYS[2]: the registry of versions before 0.4, under the prefix (KEYS[1]
---          itself when an ACL refused KEYS[1]'s name)
+--          itself when an ACL refused KEYS[1]'s name); a per-key holder's:
+--          the prefix's registry
+-- KEYS[3]: (a per-key holder's, unless an ACL refused KEYS[1]'s name) the
+--          registry of versions before 0.4
 -- ARGV[1]: the holder's id
 -- ARGV[2]: the lease, in milliseconds
 -- ARGV[3]: '1' for a per-key holder (KEYS[1] is then the per-key registry,
@@ -28,10 +31,15 @@ redis.call('PEXPIRE', KEYS[1], lease * 3)
 -- Processes of earlier versions read only their registry, which they keep
 -- while they run (its expiry is theirs): hold a lease there too while it
 -- exists, and say it was seen, so that writers notice if it is lost
--- (confirm.lua).
+-- (confirm.lua). A per-key holder does so in both registries of earlier
+-- versions (KEYS[2], and KEYS[3], the one before 0.4; confirm_keys.lua).
 if KEYS[2] ~= KEYS[1] and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HSET', KEYS[2], ARGV[1], now + lease)
   redis.call('HSETNX', KEYS[1], '~legacy', now)
+end
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HSET', KEYS[3], ARGV[1], now + lease)
+  redis.call('HSETNX', KEYS[1], '~older', now)
 end
 -- Holders that died without Close are forgotten by writers (confirm.lua),
 -- which read the whole registry anyway: a renewal costs the same with one
