@@ -191,7 +191,7 @@ func newNear[V any](c *Cache[V]) *near[V] {
 	}
 	cfg := c.cfg
 	n := &near[V]{shared: c.cfg.near.shared, maxAge: c.cfg.near.maxAge, prefix: c.cfg.prefix, byTag: map[string]map[string]struct{}{}}
-	if c.cfg.near.perKey && !c.cfg.near.eventual && perKeySupported(c.rdb) {
+	if holdsPerKey(c) {
 		n.maxAge = min(n.maxAge, coherence.HoldKeep) // no value outlives the registration writers wait on
 	}
 	_, n.clones = any((*V)(nil)).(cloner[V])
@@ -234,7 +234,7 @@ func startTracker[V any](c *Cache[V], n *near[V], cfg config) *coherence.Tracker
 	hub := c.share.res.nearHub() // one tracking connection per master for every Cache on the client
 	track := hub.New
 	switch {
-	case cfg.near.perKey && !cfg.near.eventual && perKeySupported(c.rdb):
+	case holdsPerKey(c):
 		n.perKey, n.holds = true, true
 		go warnIfEvicting(c.rdb, func(addr, policy string) { health.NearPerKeyEvicts(cfg.prefix, addr, policy) })
 		track = func(prefix string, lease time.Duration, hooks coherence.Hooks) *coherence.Tracker {
@@ -447,6 +447,18 @@ func nearSupported(rdb redis.UniversalClient) bool {
 		return true
 	}
 	return false
+}
+
+// holdsPerKey reports whether c's near cache is strict with per-key holders
+// (WithNearPerKey): on a client that allows it, and a prefix whose marker
+// keys and tag versions share a prefix of their own (see
+// coherence.HolderBroadcast; not one with a '{' that opens no hash tag).
+func holdsPerKey[V any](c *Cache[V]) bool {
+	if !c.cfg.near.perKey || c.cfg.near.eventual || !perKeySupported(c.rdb) {
+		return false
+	}
+	b := coherence.HolderBroadcast(c.tags.Base(), c.markKeys)
+	return len(b) > len(c.cfg.prefix) && strings.HasPrefix(b, c.cfg.prefix)
 }
 
 // warnIfEvicting calls warn for each master of rdb (a *redis.Client or

@@ -143,3 +143,85 @@ func TestPerKeyNearCacheWarnsOfEviction(t *testing.T) {
 		require.NoError(t, c.Close())
 	}
 }
+
+// A registration lost with Redis's data (here FLUSHALL; a restart without
+// persistence, a failover that lost the write) is sent again by the next
+// read, although this process registered the key less than 20s before:
+// every drop of everything forgets the registrations. The holder's
+// subscribed connection is then held at a proxy, and a write still waits
+// for it.
+func TestPerKeyRegistrationsSentAgainAfterAFlush(t *testing.T) {
+	srv := redistest.PrivateServer(t, "it flushes")
+	admin := redistest.Client(t, srv.Addr)
+	p := "flush:"
+	proxy := redistest.NewProxy(t, srv.Addr)
+	const lease = 600 * time.Millisecond
+	r, _ := newNearCacheOn(t, redistest.Client(t, proxy.Addr), p, WithNearPerKey(), WithNearLease(lease))
+	w, wev := newNearCacheOn(t, redistest.Client(t, srv.Addr), p, WithNearPerKey(), WithNearLease(lease))
+	require.NoError(t, w.Set(t.Context(), "k", product{ID: "a"}))
+	warmNear(t, r, "k", "a")
+	require.NoError(t, admin.FlushAll(t.Context()).Err())
+	require.NoError(t, w.Set(t.Context(), "k", product{ID: "old"}))
+	warmNear(t, r, "k", "old")
+	assert.EqualValues(t, 1, admin.Exists(t.Context(), coherence.HoldersKey(p+"k")).Val(), "the read after the flush did not register again")
+	time.Sleep(2 * lease) // past the grace of the registry the flush took
+	require.True(t, eventually(func() bool { return nearReady(r) }))
+	release := proxy.Hold(t, admin, r.near.track.ConnIDs()[0])
+	lapses := wev.get(EventNearLeaseWait)
+	require.NoError(t, w.Set(t.Context(), "k", product{ID: "new"}))
+	v, err := r.Get(t.Context(), "k")
+	release()
+	require.NoError(t, err)
+	assert.NotEqual(t, "old", v.ID, "a read after Set returned got the old value from memory")
+	assert.Greater(t, wev.get(EventNearLeaseWait), lapses, "the write did not wait for the holder")
+}
+
+// Under maxmemory a strict near cache's write is still confirmed: the
+// marker key cannot be written, so the marker is published once the write
+// returned.
+func TestWriteUnderMaxmemoryIsConfirmed(t *testing.T) {
+	t.Parallel()
+	srv := redistest.PrivateServer(t, "it sets maxmemory", "--maxmemory-policy", "noeviction")
+	admin := redistest.Client(t, srv.Addr)
+	for _, perKey := range []bool{false, true} {
+		p := "oom" + strconv.FormatBool(perKey) + ":"
+		opts := []Option{}
+		if perKey {
+			opts = append(opts, WithNearPerKey())
+		}
+		r, _ := newNearCacheOn(t, redistest.Client(t, srv.Addr), p, opts...)
+		w, _ := newNearCacheOn(t, redistest.Client(t, srv.Addr), p, opts...)
+		require.NoError(t, w.Set(t.Context(), "k", product{ID: "a"}))
+		warmNear(t, r, "k", "a")
+		time.Sleep(1500 * time.Millisecond) // past the registries' grace
+		require.NoError(t, admin.ConfigSet(t.Context(), "maxmemory", "1").Err())
+		err := w.Delete(t.Context(), "k")
+		require.NoError(t, admin.ConfigSet(t.Context(), "maxmemory", "0").Err())
+		assert.NoError(t, err, "Delete under maxmemory (per key: %v)", perKey)
+		_, err = r.Get(t.Context(), "k")
+		assert.ErrorIs(t, err, ErrCacheMiss, "a read after Delete returned got the value (per key: %v)", perKey)
+	}
+}
+
+// Under the command rule of the previous version (no HGET, HKEYS), writes
+// still succeed: the per-key confirmation, refused, gives way to the one
+// of earlier versions.
+func TestWritesUnderThePreviousCommandRule(t *testing.T) {
+	t.Parallel()
+	rule := []any{"~*", "&*"}
+	for _, c := range strings.Fields("-@all +hello +auth +get +mget +set +del +evalsha +eval +publish +subscribe +unsubscribe +ping +pexpire +pttl +time +hset +hsetnx +hdel +hexists +hgetall +exists +info +client|id +client|tracking +script|load") {
+		rule = append(rule, c)
+	}
+	user, _ := aclUser(t, rule)
+	strict := New[product](user(), WithPrefix("product:"), WithNearCache(1<<20))
+	defer strict.Close()
+	w := New[product](user(), WithPrefix("product:"))
+	defer w.Close()
+	for i := range 3 {
+		want := strconv.Itoa(i)
+		require.NoError(t, w.Set(t.Context(), "k", product{ID: want}), "Set %d under the previous version's rule", i)
+		v, err := strict.Get(t.Context(), "k")
+		require.NoError(t, err)
+		assert.Equal(t, want, v.ID)
+	}
+}

@@ -83,7 +83,7 @@ func (t *Tracker) writeInline(ctx context.Context, keys []string, write func(p r
 	cmds, perr := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		write(p)
 		if keyed {
-			confirm = t.confirmKeysCmd(ctx, p, keys, marker, t.fleet(keys), nil, false)
+			confirm = t.confirmKeysCmd(ctx, p, keys, marker, t.fleet(keys), true, nil, false)
 		} else {
 			regs = t.registries()
 			confirm = confirmScript.EvalSha(ctx, p, append(regs, t.markKeys+marker), "", marker) // a NOSCRIPT confirms by the marker, below
@@ -106,7 +106,7 @@ func (t *Tracker) writeInline(ctx context.Context, keys []string, write func(p r
 	return func() error {
 		reply, err := confirm.Slice()
 		switch {
-		case err != nil && keyed: // NOSCRIPT, say: confirmed again, by EVAL
+		case err != nil && keyed: // NOSCRIPT, the marker key refused (maxmemory), a refusal: confirmed again, by a PUBLISH
 			t.end(seq)
 			return t.confirmKeys(ctx, keys)
 		case err != nil: // the marker key could not be written (maxmemory, say): publish the marker instead

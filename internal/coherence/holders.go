@@ -7,6 +7,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,6 +88,10 @@ func (g registrar) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			return next(ctx, cmds)
 		}
 		sent := nanotime()
+		epochs := make([]uint64, len(noted))
+		for i, n := range noted {
+			epochs[i] = n.t.epoch.Load()
+		}
 		err := next(ctx, append(regs, cmds...))
 		for _, r := range regs {
 			if rerr := r.Err(); rerr != nil {
@@ -97,8 +102,10 @@ func (g registrar) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 				return rerr
 			}
 		}
-		for _, n := range noted {
-			n.t.registered.Store(n.key, sent)
+		for i, n := range noted {
+			if n.t.epoch.Load() == epochs[i] { // no drop since: nothing says the registration was lost
+				n.t.registered.Store(n.key, sent)
+			}
 		}
 		return err
 	}
@@ -144,9 +151,15 @@ func (g registrar) registrations(ctx context.Context, cmds []redis.Cmder) (regs 
 }
 
 // forgetRegistrations forgets the registrations older than holdFresh,
-// which reads send again anyway.
+// which reads send again anyway; at most every holdFresh/2 (a walk of the
+// map). Called by the renewals' goroutine alone.
 func (t *Tracker) forgetRegistrations() {
-	old := nanotime() - int64(holdFresh)
+	now := nanotime()
+	if now-t.sweptAt < int64(holdFresh/2) {
+		return
+	}
+	t.sweptAt = now
+	old := now - int64(holdFresh)
 	t.registered.Range(func(k, at any) bool {
 		if at.(int64) < old {
 			t.registered.Delete(k)
@@ -201,17 +214,19 @@ func (t *Tracker) fleet(keys []string) bool {
 }
 
 // confirmKeysCmd adds to p the per-key confirmation of a write of keys
-// (see confirm_keys.lua), on a single server: the keys' holders are read
-// in the script.
-func (t *Tracker) confirmKeysCmd(ctx context.Context, p redis.Scripter, keys []string, marker string, fleet bool, ids []string, run bool) *redis.Cmd {
+// (see confirm_keys.lua), with ids the holders already read (a cluster's).
+// On a single server the keys' holders are read in the script, and with
+// markerKey (the write's own pipeline) the holders that track by prefix are
+// told by the marker key; otherwise, the write having returned, by a
+// PUBLISH.
+func (t *Tracker) confirmKeysCmd(ctx context.Context, p redis.Scripter, keys []string, marker string, fleet, markerKey bool, ids []string, run bool) *redis.Cmd {
 	skeys := []string{HoldRegistryKey(t.prefix), RegistryKey(t.prefix), LegacyRegistryKey(t.prefix), t.markKeys + marker}
-	_, single := t.rdb.(*redis.Client)
-	if single && !fleet {
+	if _, single := t.rdb.(*redis.Client); single && !fleet {
 		for _, k := range keys {
 			skeys = append(skeys, HoldersKey(k))
 		}
 	}
-	args := []any{t.markCh, marker, flag(fleet), holdChannel(t.prefix, ""), flag(single)}
+	args := []any{t.markCh, marker, flag(fleet), holdChannel(t.prefix, ""), flag(markerKey)}
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -232,8 +247,9 @@ func flag(b bool) string {
 // acknowledgements of their holders (see confirm_keys.lua). On a cluster
 // the keys' holders lie in their own slots: they are read, after the
 // write, only when some per-key lease runs, and the script runs again with
-// them. An ACL that refuses the per-key registry makes the write confirm
-// as earlier versions did.
+// them. A Redis that refuses the script (an ACL without the per-key
+// registry or a command it runs, a proxy that wants one slot per script)
+// makes the write confirm as earlier versions did, for a while.
 func (t *Tracker) confirmKeys(ctx context.Context, keys []string) error {
 	seq, marker, cf := t.begin()
 	defer t.end(seq)
@@ -242,10 +258,14 @@ func (t *Tracker) confirmKeys(ctx context.Context, keys []string) error {
 	if _, single := t.rdb.(*redis.Client); err == nil && !single && !fleet && perKeyLeases(reply) {
 		var ids []string
 		if ids, err = t.holdersOf(ctx, keys); err == nil && len(ids) > 0 {
-			reply, recv, err = t.runKeys(ctx, keys, marker, false, ids)
+			first := reply
+			if reply, recv, err = t.runKeys(ctx, keys, marker, false, ids); err == nil {
+				reply[1] = max(sinceOf(first), sinceOf(reply)) // a loss the first run found counts too
+				t.forgetDead(ctx, keys, reply)
+			}
 		}
 	}
-	if refusedKey(err) {
+	if refusedScript(err) {
 		t.holdRefusedAt.Store(nanotime())
 		return t.confirm(ctx)
 	}
@@ -256,9 +276,52 @@ func (t *Tracker) confirmKeys(ctx context.Context, keys []string) error {
 	return t.await(ctx, cf, marker, leasesOf(reply), recv)
 }
 
+// refusedScript reports whether err is Redis refusing confirm_keys.lua
+// rather than failing it: an ACL refusing a key or a command of it, or
+// keys in several slots where a proxy wants one.
+func refusedScript(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "CROSSSLOT") ||
+		strings.Contains(msg, "can't run this command") || strings.Contains(msg, "No permissions")
+}
+
+func sinceOf(reply []any) int64 {
+	n, _ := reply[1].(int64)
+	return n
+}
+
+// forgetDead removes from the holders of keys those confirm_keys.lua found
+// gone (after "~dead"), on a cluster; best effort.
+func (t *Tracker) forgetDead(ctx context.Context, keys []string, reply []any) {
+	i := slices.Index(reply, any("~dead"))
+	if i < 0 {
+		return
+	}
+	ids := reply[i+1:]
+	_, _ = t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			p.HDel(ctx, HoldersKey(k), anysToStrings(ids)...)
+		}
+		return nil
+	})
+}
+
+func anysToStrings(vs []any) []string {
+	out := make([]string, 0, len(vs))
+	for _, v := range vs {
+		if s, ok := v.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // runKeys runs confirm_keys.lua and returns its reply and when it came.
 func (t *Tracker) runKeys(ctx context.Context, keys []string, marker string, fleet bool, ids []string) ([]any, int64, error) {
-	reply, err := t.confirmKeysCmd(ctx, t.rdb, keys, marker, fleet, ids, true).Slice()
+	reply, err := t.confirmKeysCmd(ctx, t.rdb, keys, marker, fleet, false, ids, true).Slice()
 	return reply, nanotime(), err
 }
 
@@ -313,6 +376,9 @@ func (t *Tracker) publishToHolders(ctx context.Context, marker string, holders [
 func leasesOf(reply []any) []any {
 	if len(reply) < 3 {
 		return reply
+	}
+	if i := slices.Index(reply, any("~dead")); i >= 0 {
+		reply = reply[:i]
 	}
 	return append(reply[:2:2], reply[3:]...)
 }

@@ -9,13 +9,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stampede-go/stampede/internal/redistest"
+	"github.com/stampede-go/stampede/internal/slot"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // holderTracker starts a strict per-key tracker of prefix p on a client of
-// its own, whose globals are p+"g:", with a lease of lease, and waits until
-// it serves. onDrop (nil: none) is its OnDrop.
+// its own, whose globals are the tag versions' (holderGlobals), with a
+// lease of lease, and waits until it serves. onDrop (nil: none) is its
+// OnDrop.
 func holderTracker(t *testing.T, addr, p string, lease time.Duration, onDrop func(key string, all bool)) (*Tracker, *redis.Client) {
 	t.Helper()
 	rdb := redistest.Client(t, addr)
@@ -24,9 +26,9 @@ func holderTracker(t *testing.T, addr, p string, lease time.Duration, onDrop fun
 	if onDrop == nil {
 		onDrop = func(string, bool) {}
 	}
-	tr := hub.NewHolder(p, p+"g:", lease, Hooks{
+	tr := hub.NewHolder(p, holderGlobals(p), lease, Hooks{
 		OnDrop: onDrop,
-		Global: func(key string) bool { return strings.HasPrefix(key, p+"g:") },
+		Global: func(key string) bool { return strings.HasPrefix(key, holderGlobals(p)) },
 	})
 	t.Cleanup(tr.Close)
 	require.True(t, eventually(tr.Serving), "the holder never served")
@@ -44,7 +46,15 @@ func slowDrops(slow time.Duration, n *atomic.Int64, counts func(key string, all 
 	}
 }
 
-func notAll(_ string, all bool) bool { return !all }
+// only counts the drops of key alone.
+func only(key string) func(string, bool) bool {
+	return func(k string, all bool) bool { return !all && k == key }
+}
+
+// holderGlobals are the globals of prefix p as the cache has them (the tag
+// versions, internal/tags): they sort after p's marker keys, which is what
+// makes a marker tracked under a prefix of its own overtake them.
+func holderGlobals(p string) string { return slot.Under(p, ":stampede:tag") }
 
 // publishes returns how many PUBLISH commands Redis ran since the last
 // CONFIG RESETSTAT, scripts' included.
@@ -71,8 +81,8 @@ func TestHolderIsWaitedForOnlyForTheKeysItHolds(t *testing.T) {
 	const slow = 200 * time.Millisecond
 	var dropped atomic.Int64
 	const lease = 8 * time.Second
-	tr, rdb := holderTracker(t, srv.Addr, p, lease, slowDrops(slow, &dropped, notAll))
 	held, other := p+"held", p+"other"
+	tr, rdb := holderTracker(t, srv.Addr, p, lease, slowDrops(slow, &dropped, func(k string, all bool) bool { return !all && (k == held || k == other) }))
 	for _, k := range []string{held, other} {
 		require.NoError(t, admin.Set(t.Context(), k, "v0", 0).Err())
 	}
@@ -142,7 +152,7 @@ func TestWriteOfAGlobalKeyWaitsForEveryHolder(t *testing.T) {
 	addr := redistest.Addr(t)
 	admin := redistest.Client(t, addr)
 	p := redistest.Prefix(t, admin)
-	version := p + "g:v"
+	version := holderGlobals(p) + "#all"
 	var dropped atomic.Int64
 	isVersion := func(key string, all bool) bool { return all && key == version }
 	for range 2 {
@@ -153,7 +163,7 @@ func TestWriteOfAGlobalKeyWaitsForEveryHolder(t *testing.T) {
 	var lapses atomic.Int64
 	w := NewWriter(wrdb, p, 3*time.Second, Hooks{
 		OnLapse: func(string) { lapses.Add(1) },
-		Global:  func(k string) bool { return strings.HasPrefix(k, p+"g:") },
+		Global:  func(k string) bool { return strings.HasPrefix(k, holderGlobals(p)) },
 	})
 	defer w.Close()
 	write(t, w, wrdb, version, 1)
@@ -175,8 +185,8 @@ func TestWriterOfEarlierVersionsWaitsForPerKeyHolders(t *testing.T) {
 			p := redistest.Prefix(t, admin)
 			const slow = 200 * time.Millisecond
 			var dropped atomic.Int64
-			tr, rdb := holderTracker(t, addr, p, 3*time.Second, slowDrops(slow, &dropped, notAll))
 			key := p + "k"
+			tr, rdb := holderTracker(t, addr, p, 3*time.Second, slowDrops(slow, &dropped, only(key)))
 			require.NoError(t, admin.Set(t.Context(), key, "v0", 0).Err())
 			wrdb := redistest.Client(t, addr)
 			var lapses atomic.Int64
@@ -206,4 +216,22 @@ func TestWriterOfEarlierVersionsWaitsForPerKeyHolders(t *testing.T) {
 			assert.False(t, admin.HExists(t.Context(), registry, tr.ID()).Val(), "the closed holder still leases in the earlier versions' registry")
 		})
 	}
+}
+
+// A holder whose lease ended over a minute ago is removed from the holders
+// of the keys a write finds it in (a process restarted leaves its id
+// behind); one whose lease ended less long ago, or runs, stays.
+func TestWritesForgetHoldersLongGone(t *testing.T) {
+	addr := redistest.Addr(t)
+	admin := redistest.Client(t, addr)
+	p := redistest.Prefix(t, admin)
+	key := p + "k"
+	now := time.Now().UnixMilli() // (this host's clock is the server's)
+	require.NoError(t, admin.HSet(t.Context(), HoldRegistryKey(p), "~since", 0, "gone", now-120_000, "recent", now-1_000).Err())
+	require.NoError(t, admin.HSet(t.Context(), HoldersKey(key), "gone", "1", "recent", "1").Err())
+	wrdb := redistest.Client(t, addr)
+	w := NewWriter(wrdb, p, time.Second, Hooks{})
+	defer w.Close()
+	write(t, w, wrdb, key, 1)
+	assert.ElementsMatch(t, []string{"recent"}, admin.HKeys(t.Context(), HoldersKey(key)).Val())
 }

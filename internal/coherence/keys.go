@@ -78,7 +78,9 @@ func IsHoldRegistry(key string) bool {
 
 // HoldersKey is the set of the processes that hold key in memory: a hash
 // of holder id to "1", in key's slot and under key itself (so under the
-// prefix and its ACL pattern), of a shape no value key may take. A strict
+// prefix and its ACL pattern; but for a key with a '{' that opens no hash
+// tag, "{T}:stampede:holders"+key+"}", as its lock), of a shape no value
+// key may take. A strict
 // per-key holder writes it before each read of key it may keep, and a
 // write of key reads it after the write.
 func HoldersKey(key string) string { return slot.Companion(key, holdersSuffix) }

@@ -134,6 +134,7 @@ type Tracker struct {
 	// writers publish only for the keys it holds (see holders.go).
 	holdCh     string
 	registered sync.Map // key -> nanotime of this holder's last registration sent (see registrar)
+	sweptAt    int64    // nanotime registered was last swept; the renewals' goroutine's
 
 	// The writer's side of per-key holders: when an ACL last refused the
 	// per-key registry to a write's confirmation (0: never); writes then
@@ -238,15 +239,33 @@ func (h *Hub) NewHolder(prefix, globals string, leaseLen time.Duration, hooks Ho
 
 // broadcasts are the prefixes whose every write the tracker must hear: its
 // own; or a per-key tracker's globals, and a strict one's marker keys,
-// which writers use where holders track by prefix (see confirm_keys.lua).
+// which writers use where holders track by prefix (see confirm_keys.lua),
+// as one prefix that covers both (see HolderBroadcast).
 func (t *Tracker) broadcasts() []string {
 	switch {
 	case t.holdCh != "":
-		return []string{t.globals, t.markKeys}
+		return []string{HolderBroadcast(t.globals, t.markKeys)}
 	case t.perKey:
 		return []string{t.globals}
 	}
 	return []string{t.prefix}
+}
+
+// HolderBroadcast is what a strict per-key tracker whose globals begin with
+// globals tracks by broadcast: the longest prefix of both globals and
+// markKeys (its prefix's [MarkKeyPrefix]). One prefix, because Redis sends
+// a turn's broadcast invalidations prefix by prefix in the prefixes' order:
+// a marker key tracked under a prefix of its own could come before the
+// invalidation of a global key written before it ("…:stampede:mark:" sorts
+// before "…:stampede:tag"). A prefix whose marker keys and globals share
+// nothing beyond the prefix itself (a '{' that opens no hash tag) gets ""
+// here: such a near cache tracks by prefix.
+func HolderBroadcast(globals, markKeys string) string {
+	n := 0
+	for n < len(globals) && n < len(markKeys) && globals[n] == markKeys[n] {
+		n++
+	}
+	return globals[:n]
 }
 
 // coveredBy reports whether tracking prefixes reports every key t needs.
@@ -436,6 +455,7 @@ func (t *Tracker) dropAll(lost bool) {
 		t.ready.Store(false)
 	}
 	t.epoch.Add(1)
+	t.registered.Clear() // a flush or a lost connection may have taken the registrations too: sent again
 	t.hooks.OnDrop("", true)
 	t.ackAll() // nothing old is left in memory
 }

@@ -26,7 +26,8 @@
 --          the holders that track by prefix
 -- ARGV[6..]: holders of the written keys read by the caller (a cluster's
 --          keys lie in other slots)
--- Returns {now, since, flags, holder, lease end, ...}, times in the
+-- Returns {now, since, flags, holder, lease end, ..., ['~dead', holder,
+-- ...]}, the holders the writer removes from its keys' hashes last, times in the
 -- server's milliseconds; flags: 1 when some per-key lease runs (a
 -- cluster's writer then reads its keys' holders and calls again), plus 2
 -- when the write was announced to every holder of the prefix (to ask
@@ -35,7 +36,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- (HSETNX only when missing: a write command fails under maxmemory.)
 if redis.call('HEXISTS', KEYS[1], '~since') == 0 then
-  redis.call('HSETNX', KEYS[1], '~since', now)
+  redis.pcall('HSETNX', KEYS[1], '~since', now)
 end
 local out = {now, 0, 0}
 local function list(registry, own)
@@ -73,56 +74,72 @@ end
 if bcast then
   list(KEYS[2], true) -- its holders' renewals keep it, not the writers
   if redis.call('HEXISTS', KEYS[1], '~legacy') == 0 then
-    redis.call('HSET', KEYS[1], '~legacy', now)
+    redis.pcall('HSET', KEYS[1], '~legacy', now)
   end
 elseif redis.call('HEXISTS', KEYS[1], '~legacy') == 1 then
   -- KEYS[2] was lost while leases may have run there (an eviction, say):
   -- waited out as a new registry is.
   redis.call('HDEL', KEYS[1], '~legacy')
-  redis.call('HSET', KEYS[1], '~since', now)
+  redis.pcall('HSET', KEYS[1], '~since', now)
   out[2] = now
 else
   -- A per-key registry created within a lease (first use, or lost) may
   -- have forgotten leases that still run. (While KEYS[2] exists, per-key
   -- holders renew there too, and its own creation counts instead.)
-  out[2] = tonumber(redis.call('HGET', KEYS[1], '~since'))
+  out[2] = tonumber(redis.call('HGET', KEYS[1], '~since')) or now -- (not made: maxmemory)
 end
 if older then
   list(KEYS[3], false)
   if redis.call('HEXISTS', KEYS[1], '~older') == 0 then
-    redis.call('HSET', KEYS[1], '~older', now)
+    redis.pcall('HSET', KEYS[1], '~older', now)
   end
 elseif redis.call('HEXISTS', KEYS[1], '~older') == 1 then
   -- The same for the registry of versions before 0.4 (confirm.lua).
   redis.call('HDEL', KEYS[1], '~older')
   out[2] = now
-  redis.call('HSET', KEYS[1], '~since', now)
+  redis.pcall('HSET', KEYS[1], '~since', now)
 end
 if ARGV[3] == '1' then
   list(KEYS[1], true)
 else
   local seen = {}
-  local function holder(id)
-    if seen[id] then
-      return
+  local dead = {}
+  -- A holder whose lease ended over a minute ago is gone (or frozen that
+  -- long, past what its memory may keep): its registrations are removed
+  -- here, on a single server, or by the writer, on a cluster.
+  local function holder(id, hash)
+    if seen[id] == nil then
+      local v = tonumber(redis.call('HGET', KEYS[1], id))
+      seen[id] = v and v < now - 60000
+      if v and v > now then
+        out[#out + 1] = id
+        out[#out + 1] = v
+        -- Its reads are tracked per key, whose invalidations Redis sends at
+        -- once: this follows the write's.
+        redis.call('PUBLISH', ARGV[4] .. id, ARGV[2])
+      end
     end
-    seen[id] = true
-    local v = tonumber(redis.call('HGET', KEYS[1], id))
-    if v and v > now then
-      out[#out + 1] = id
-      out[#out + 1] = v
-      -- Its reads are tracked per key, whose invalidations Redis sends at
-      -- once: this follows the write's.
-      redis.call('PUBLISH', ARGV[4] .. id, ARGV[2])
+    if seen[id] then
+      if hash then
+        redis.pcall('HDEL', hash, id)
+      else
+        dead[#dead + 1] = id
+      end
     end
   end
   for i = 5, #KEYS do
     for _, id in ipairs(redis.call('HKEYS', KEYS[i])) do
-      holder(id)
+      holder(id, KEYS[i])
     end
   end
   for i = 6, #ARGV do
-    holder(ARGV[i])
+    holder(ARGV[i], nil)
+  end
+  if #dead > 0 then
+    out[#out + 1] = '~dead'
+    for _, id in ipairs(dead) do
+      out[#out + 1] = id
+    end
   end
 end
 -- Whether any per-key lease runs ("~until", see lease.lua): a cluster's
