@@ -216,19 +216,7 @@ func TestClusterPerKeyNearCacheAcrossMastersAndMigration(t *testing.T) {
 	// again; the reader must see the new value although memory held the old.
 	check := func(round int) {
 		t.Helper()
-		old, next := "v"+strconv.Itoa(2*round), "v"+strconv.Itoa(2*round+1)
-		for _, k := range keys {
-			if err := writer.Set(ctx, k, old); err != nil {
-				t.Fatalf("Set(%q): %v", k, err)
-			}
-		}
-		for _, k := range keys {
-			eventually(t, 10*time.Second, "memory serves "+k, func() bool {
-				before := nearHits.Load()
-				v, err := reader.Get(ctx, k)
-				return err == nil && v == old && nearHits.Load() > before
-			})
-		}
+		next := warmRound(t, writer, reader, keys, round, &nearHits)
 		for _, k := range keys {
 			if err := writer.Set(ctx, k, next); err != nil {
 				t.Fatalf("Set(%q): %v", k, err)
@@ -287,19 +275,7 @@ func TestClusterPerKeyHoldersAcrossMastersAndMigration(t *testing.T) {
 	t.Cleanup(func() { writer.Close() })
 	check := func(round int) {
 		t.Helper()
-		old, next := "v"+strconv.Itoa(2*round), "v"+strconv.Itoa(2*round+1)
-		for _, k := range keys {
-			if err := writer.Set(ctx, k, old); err != nil {
-				t.Fatalf("Set(%q): %v", k, err)
-			}
-		}
-		for _, k := range keys {
-			eventually(t, 10*time.Second, "memory serves "+k, func() bool {
-				before := nearHits.Load()
-				v, err := reader.Get(ctx, k)
-				return err == nil && v == old && nearHits.Load() > before
-			})
-		}
+		next := warmRound(t, writer, reader, keys, round, &nearHits)
 		for _, k := range keys {
 			if err := writer.Set(ctx, k, next); err != nil {
 				t.Fatalf("Set(%q): %v", k, err)
@@ -319,4 +295,27 @@ func TestClusterPerKeyHoldersAcrossMastersAndMigration(t *testing.T) {
 		t.Errorf("%d writes waited out a lease with the reader running: its acknowledgements did not come", n)
 	}
 	t.Logf("figures: %d keys on %d masters, slot %d moved; %d near hits", len(keys), masters, s, nearHits.Load())
+}
+
+// warmRound begins a round of the per-key cluster tests: writer Sets every
+// key to the round's old value, and reader reads each until its memory
+// serves it (nearHits counts its near hits). It returns the round's new
+// value.
+func warmRound(t *testing.T, writer, reader *cache.Cache[string], keys []string, round int, nearHits *atomic.Int64) (next string) {
+	t.Helper()
+	ctx := context.Background()
+	old := "v" + strconv.Itoa(2*round)
+	for _, k := range keys {
+		if err := writer.Set(ctx, k, old); err != nil {
+			t.Fatalf("Set(%q): %v", k, err)
+		}
+	}
+	for _, k := range keys {
+		eventually(t, 10*time.Second, "memory serves "+k, func() bool {
+			before := nearHits.Load()
+			v, err := reader.Get(ctx, k)
+			return err == nil && v == old && nearHits.Load() > before
+		})
+	}
+	return "v" + strconv.Itoa(2*round+1)
 }

@@ -32,13 +32,17 @@ func LegacyRegistryKey(prefix string) string { return slot.Companion(prefix, ":s
 
 // IsRegistry reports whether key is the [RegistryKey] of some prefix, a
 // name no value key may take.
-func IsRegistry(key string) bool {
+func IsRegistry(key string) bool { return isFront(key, registrySuffix, RegistryKey) }
+
+// isFront reports whether key is name(p) for some prefix p, where name
+// puts a hash tag and suffix before p (slot.Front).
+func isFront(key, suffix string, name func(string) string) bool {
 	if !strings.HasPrefix(key, "{") {
 		return false
 	}
 	j := strings.IndexByte(key, '}')
-	rest, ok := strings.CutPrefix(key[j+1:], registrySuffix)
-	return ok && RegistryKey(rest) == key
+	rest, ok := strings.CutPrefix(key[j+1:], suffix)
+	return ok && name(rest) == key
 }
 
 // MarkKeyPrefix begins the marker keys of a single server (see
@@ -67,14 +71,7 @@ const holdSuffix = ":stampede:hold:"
 
 // IsHoldRegistry reports whether key is the [HoldRegistryKey] of some
 // prefix, a name no value key may take.
-func IsHoldRegistry(key string) bool {
-	if !strings.HasPrefix(key, "{") {
-		return false
-	}
-	j := strings.IndexByte(key, '}')
-	rest, ok := strings.CutPrefix(key[j+1:], holdSuffix)
-	return ok && HoldRegistryKey(rest) == key
-}
+func IsHoldRegistry(key string) bool { return isFront(key, holdSuffix, HoldRegistryKey) }
 
 // HoldersKey is the set of the processes that hold key in memory: a hash
 // of holder id to "1", in key's slot and under key itself (so under the

@@ -157,8 +157,18 @@ func New(rdb redis.UniversalClient, prefix string, leaseLen time.Duration, hooks
 // hub's client, as [New] does, on the hub's tracking connections. Close the
 // tracker before the hub.
 func (h *Hub) New(prefix string, leaseLen time.Duration, hooks Hooks) *Tracker {
+	return h.startStrict(prefix, leaseLen, hooks, nil)
+}
+
+// startStrict starts a strict tracker, set up by setup (nil: nothing) before
+// it runs: its renewals and acknowledgements, then its registration with
+// the hub.
+func (h *Hub) startStrict(prefix string, leaseLen time.Duration, hooks Hooks, setup func(*Tracker)) *Tracker {
 	t, ctx := newTracker(h.rdb, prefix, leaseLen, hooks)
 	t.hub = h
+	if setup != nil {
+		setup(t)
+	}
 	t.renewNow, t.acks = make(chan struct{}, 1), make(chan string, 4096)
 	rctx, stopRenew := context.WithCancel(ctx)
 	t.stopRenew, t.renewDone = stopRenew, make(chan struct{})
@@ -222,19 +232,11 @@ func (h *Hub) NewPerKey(prefix, globals string, leaseLen time.Duration, hooks Ho
 // [RegistryKey] too while that exists, where writers of earlier versions
 // and holders that track by prefix wait for everyone.
 func (h *Hub) NewHolder(prefix, globals string, leaseLen time.Duration, hooks Hooks) *Tracker {
-	t, ctx := newTracker(h.rdb, prefix, leaseLen, hooks)
-	t.hub = h
-	t.perKey, t.globals = true, globals
-	t.registry, t.legacy = HoldRegistryKey(prefix), RegistryKey(prefix)
-	t.holdCh = holdChannel(prefix, t.id)
-	t.renewNow, t.acks = make(chan struct{}, 1), make(chan string, 4096)
-	rctx, stopRenew := context.WithCancel(ctx)
-	t.stopRenew, t.renewDone = stopRenew, make(chan struct{})
-	t.done.Add(2)
-	go t.renewLoop(rctx)
-	go t.ackLoop(ctx)
-	h.register(t)
-	return t
+	return h.startStrict(prefix, leaseLen, hooks, func(t *Tracker) {
+		t.perKey, t.globals = true, globals
+		t.registry, t.legacy = HoldRegistryKey(prefix), RegistryKey(prefix)
+		t.holdCh = holdChannel(prefix, t.id)
+	})
 }
 
 // broadcasts are the prefixes whose every write the tracker must hear: its
