@@ -91,17 +91,9 @@ func (t *Tracker) writeInline(ctx context.Context, keys []string, write func(p r
 		return nil
 	})
 	recv := nanotime()
-	for _, cmd := range cmds[:max(len(cmds)-1, 0)] {
-		if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			t.end(seq)
-			return nil, err
-		}
-	}
-	if perr != nil && (len(cmds) == 0 || confirm.Err() == nil) {
-		// The pipeline failed before any reply (go-redis may leave the
-		// commands' errors unset then): nothing was written.
+	if err := writeFailed(cmds, perr, confirm); err != nil {
 		t.end(seq)
-		return nil, perr
+		return nil, err
 	}
 	return func() error {
 		reply, err := confirm.Slice()
@@ -122,6 +114,22 @@ func (t *Tracker) writeInline(ctx context.Context, keys []string, write func(p r
 		defer t.end(seq)
 		return t.await(ctx, cf, marker, reply, recv)
 	}, nil
+}
+
+// writeFailed returns the error of a write pipelined with its confirmation
+// (confirm, the last of cmds; perr, the pipeline's), or nil if it was done.
+func writeFailed(cmds []redis.Cmder, perr error, confirm *redis.Cmd) error {
+	for _, cmd := range cmds[:max(len(cmds)-1, 0)] {
+		if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+	}
+	if perr != nil && (len(cmds) == 0 || confirm.Err() == nil) {
+		// The pipeline failed before any reply (go-redis may leave the
+		// commands' errors unset then): nothing was written.
+		return perr
+	}
+	return nil
 }
 
 // begin registers a write's confirmation before anything is sent (an

@@ -88,4 +88,17 @@
 // kept; a reader follows its subscribed connection when that one is
 // replaced; a reader connection that closes drops memory, since what it
 // read is tracked no more.
+//
+// # Per-key holders
+//
+// A strict near cache may track per key too ([Hub.NewHolder]): it reads
+// through the readers, and a read it may keep first registers it, in the
+// same pipeline, as a holder of the key ([HoldersKey]). A write reads its
+// keys' holders after it ran (confirm_keys.lua), announces itself on each
+// one's own channel and waits for those alone, each at most until its
+// lease ends, which it holds in [HoldRegistryKey]; a write of a key nobody
+// holds waits for nobody. Writes of the keys every holder tracks (tag and
+// Clear versions), and every write while holders that track by prefix
+// lease in [RegistryKey] (earlier versions, a Ring's), wait for everyone,
+// as before; per-key holders lease there too while it exists.
 package coherence
