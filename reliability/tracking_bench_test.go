@@ -1,6 +1,7 @@
 // What per-key tracking costs Redis's memory: each (key, process) pair an
 // eventual near cache read is an entry of Redis's tracking table until the
-// key is written, evicted from the table, or the process goes.
+// key is written, evicted from the table, or the process goes; a per-key
+// holder's (WithNearPerKey) is also a field of the key's holders hash.
 package reliability_test
 
 import (
@@ -15,24 +16,27 @@ import (
 )
 
 // BenchmarkTrackingMemory reads trackedKeys keys through the near caches of
-// 1 and 4 Caches (each on a client of its own, as 4 processes) and reports
-// Redis's used_memory growth per tracked (key, process) pair, from INFO
-// memory and INFO stats' tracking_total_items, on a private redis-server:
+// 1 and 4 Caches (each on a client of its own, as 4 processes), eventual or
+// strict per key, and reports Redis's used_memory growth per tracked (key,
+// process) pair, from INFO memory and INFO stats' tracking_total_items, on
+// a private redis-server:
 //
 //	go test -run '^$' -bench BenchmarkTrackingMemory -benchtime 1x ./reliability/
 func BenchmarkTrackingMemory(b *testing.B) {
-	for _, procs := range []int{1, 4} {
-		b.Run("procs="+strconv.Itoa(procs), func(b *testing.B) {
-			for range b.N {
-				benchTrackingMemory(b, procs)
-			}
-		})
+	for _, near := range []string{"eventual", "perkey"} {
+		for _, procs := range []int{1, 4} {
+			b.Run("near="+near+"/procs="+strconv.Itoa(procs), func(b *testing.B) {
+				for range b.N {
+					benchTrackingMemory(b, near, procs)
+				}
+			})
+		}
 	}
 }
 
 const trackedKeys = 100_000
 
-func benchTrackingMemory(b *testing.B, procs int) {
+func benchTrackingMemory(b *testing.B, near string, procs int) {
 	addr := privateRedis(b)
 	direct := newClient(b, addr, nil)
 	ctx := context.Background()
@@ -48,7 +52,7 @@ func benchTrackingMemory(b *testing.B, procs int) {
 	}
 	before := infoInt(b, direct, "memory", "used_memory")
 	for range procs {
-		c := cache.New[string](newClient(b, addr, nil), cache.WithPrefix(p), cache.WithEventualNearCache(nearMaxAge))
+		c := cache.New[string](newClient(b, addr, nil), nearOption(near, cache.WithPrefix(p))...)
 		defer c.Close()
 		for i := range trackedKeys {
 			_, _ = c.Get(ctx, "k"+strconv.Itoa(i))
