@@ -130,12 +130,15 @@ func TestEarlyRefreshKeepsAHotKeyWarmAcrossInstances(t *testing.T) {
 }
 
 // dueRecord stores at key a value whose early refresh is due: it expires in
-// 100 ms and took a second to load.
+// 500 ms and took a second to load.
 func dueRecord(t *testing.T, rdb *redis.Client, key string) {
 	t.Helper()
 	payload, err := json.Marshal(product{ID: "p0", Price: 0})
 	require.NoError(t, err)
-	rec := record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(100 * time.Millisecond), Load: time.Second}, payload)
+	// Due (XFetch with a 1 s load: each hit refreshes with probability
+	// e^-0.5 at first), and not expired before the tests' hits end on a
+	// loaded -race run (100 ms was not).
+	rec := record.EncodeFresh(0, record.Freshness{Expiry: time.Now().Add(500 * time.Millisecond), Load: time.Second}, payload)
 	require.NoError(t, rdb.Set(t.Context(), key, rec, time.Minute).Err())
 }
 
@@ -155,7 +158,7 @@ func TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit(t *testing.T) {
 	c := New[product](client, WithTTL(time.Second), WithoutJitter(), WithRetry(10, 100*time.Millisecond), WithoutNearCache())
 	src := &counter{}
 	start := time.Now()
-	for range 300 {
+	for range 100 {
 		v, err := c.GetOrLoad(t.Context(), key, src.load)
 		require.NoError(t, err)
 		require.Equal(t, "p0", v.ID)
@@ -164,7 +167,7 @@ func TestEarlyRefreshLockedElsewhereIsNotRetriedOnEveryHit(t *testing.T) {
 	require.NoError(t, c.Close())
 	assert.Zero(t, src.calls.Load())
 	assert.LessOrEqual(t, cmds.Count("evalsha")+cmds.Count("eval"), 2+int(elapsed/(100*time.Millisecond)),
-		"one attempt at the lock per backoff (300 hits in %v)", elapsed)
+		"one attempt at the lock per backoff (100 hits in %v)", elapsed)
 }
 
 // TestEarlyRefreshFailureIsNotRetriedOnEveryHit: a refresh whose loader
@@ -181,7 +184,7 @@ func TestEarlyRefreshFailureIsNotRetriedOnEveryHit(t *testing.T) {
 		calls.Add(1)
 		return product{}, errors.New("database down")
 	}
-	for range 300 {
+	for range 100 {
 		v, err := c.GetOrLoad(t.Context(), key, failing)
 		require.NoError(t, err)
 		require.Equal(t, "p0", v.ID)

@@ -124,15 +124,15 @@ func TestSilentHolderIsWaitedOutByItsLease(t *testing.T) {
 	addr := redistest.Addr(t)
 	admin := redistest.Client(t, addr)
 	p := redistest.Prefix(t, admin)
+	proxy := redistest.NewProxy(t, addr)
 	const lease = 800 * time.Millisecond
-	tr, rdb := holderTracker(t, addr, p, lease, nil)
+	tr, rdb := holderTracker(t, proxy.Addr, p, lease, nil)
 	key := p + "k"
 	require.NoError(t, admin.Set(t.Context(), key, "v0", 0).Err())
 	require.NoError(t, tr.ReadVia(rdb).Get(t.Context(), key).Err())
 	require.NoError(t, admin.HSet(t.Context(), HoldRegistryKey(p), "~since", 0).Err())
-	tr.stopRenew() // no renewal from here on, and no acknowledgement: the writer's wait is the lease's
-	<-tr.renewDone
-	tr.acks = make(chan string) // (unbuffered, never read: every acknowledgement is dropped)
+	release := proxy.Hold(t, admin, tr.ConnIDs()[0]) // no marker, no PONG reaches it from here on
+	defer release()
 
 	wrdb := redistest.Client(t, addr)
 	var lapses atomic.Int64
