@@ -30,7 +30,10 @@ func TestEarlyRefreshReloadsBeforeExpiry(t *testing.T) {
 	rdb, p := setup(t)
 	key := p + "hot"
 	var ev eventCounts
-	c := New[product](rdb, WithTTL(time.Second), WithoutJitter(), WithEarlyRefresh(50), WithObserver(ev.observe))
+	// A TTL of 3 s: hits must reach Redis inside the refresh window before
+	// the expiry, which a starved -race run beside the whole suite missed
+	// with 1 s.
+	c := New[product](rdb, WithTTL(3*time.Second), WithoutJitter(), WithEarlyRefresh(50), WithObserver(ev.observe))
 	src := &counter{delay: 20 * time.Millisecond}
 	var refreshAt atomic.Pointer[time.Time] // when the first reload began
 	load := func(ctx context.Context) (product, error) {
