@@ -283,9 +283,12 @@ func refusedScript(err error) bool {
 	if err == nil {
 		return false
 	}
-	msg := err.Error()
+	// Redis 6.2 and 7.0 say a script's command "can't run"; 7.2 and Valkey
+	// 8, "ACL failure in script: ... has no permissions to run".
+	msg := strings.ToLower(err.Error())
 	return redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "CROSSSLOT") ||
-		strings.Contains(msg, "can't run this command") || strings.Contains(msg, "No permissions")
+		strings.Contains(msg, "can't run this command") || strings.Contains(msg, "no permissions") ||
+		strings.Contains(msg, "acl failure")
 }
 
 func sinceOf(reply []any) int64 {
